@@ -1,0 +1,209 @@
+"""Acceptance rules: which path of the candidate tree the target keeps.
+
+Every rule walks the tree from the root. At the current node it looks at the target's
+distribution for the next token (the verification logits at that node) and either moves
+to one of the node's children or stops; the token it then produces itself is the
+*bonus token*. Each rule is its own small function with its own test.
+
+* :func:`accept_greedy` - exact: the output equals plain greedy decoding.
+* :func:`accept_sample` - lossless speculative sampling over the tree (multi-candidate
+  rejection sampling with deterministic candidates, cf. SpecInfer arXiv 2305.09781
+  §4.2 and Sequoia arXiv 2402.12374 §3.2): the output has exactly the distribution of
+  plain sampling with the same temperature / top-k / top-p.
+* :func:`accept_typical` - Medusa's typical acceptance (arXiv 2401.10774 §2.3.1).
+  **Lossy**: faster, but the output distribution differs from plain sampling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from clover.tree import Tree
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen.
+
+    Attributes:
+        temperature: 0 means greedy; > 0 samples from softmax(logits / temperature).
+        top_k: keep the k most likely tokens before sampling (0 = off).
+        top_p: nucleus: keep the smallest set of tokens whose probability reaches top_p.
+        acceptance: "auto" (greedy at temperature 0, else lossless "sample"), "greedy",
+            "sample", or "typical" (Medusa's, lossy).
+        typical_threshold / typical_alpha: Medusa's epsilon and delta: a drafted token
+            is accepted when its target probability exceeds
+            ``min(threshold, alpha * exp(-entropy))``.
+        seed: seed of the run's random generator (None = nondeterministic).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    acceptance: str = "auto"
+    typical_threshold: float = 0.09
+    typical_alpha: float = 0.3
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.acceptance not in ("auto", "greedy", "sample", "typical"):
+            raise ValueError(
+                f"acceptance must be auto, greedy, sample or typical, got {self.acceptance!r}"
+            )
+        if self.acceptance in ("sample", "typical") and self.temperature == 0.0:
+            raise ValueError(f"{self.acceptance} acceptance needs temperature > 0")
+
+    @property
+    def rule(self) -> str:
+        """The acceptance rule actually used: greedy, sample or typical."""
+        if self.acceptance == "auto":
+            return "greedy" if self.temperature == 0.0 else "sample"
+        return self.acceptance
+
+    @property
+    def lossless(self) -> bool:
+        """False only for typical acceptance."""
+        return self.rule != "typical"
+
+
+@dataclass
+class Acceptance:
+    """Result of an acceptance rule.
+
+    Attributes:
+        path: accepted node ids, root first.
+        bonus_token: the token the target produced after the last accepted node.
+    """
+
+    path: list[int]
+    bonus_token: int
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Target distribution used for sampling: temperature, then top-k, then top-p.
+
+    Args:
+        logits: (..., V) float.
+    Returns:
+        (..., V) float32 probabilities summing to 1 on the last axis. With temperature 0
+        the plain softmax is returned (used only for display).
+    """
+    logits = logits.float()
+    if cfg.temperature > 0:
+        logits = logits / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
+        kth = logits.topk(cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a (V,) probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
+    """Greedy acceptance: follow the child equal to the target's argmax.
+
+    Args:
+        tree: the verified tree.
+        logits: (N, V) target logits, row i = next-token logits after node i.
+    """
+    best = logits.argmax(dim=-1).tolist()  # one host sync
+    kids = tree.children()
+    tokens = tree.tokens.tolist()
+    path = [0]
+    while True:
+        node = path[-1]
+        nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
+        if nxt is None:
+            return Acceptance(path, best[node])
+        path.append(nxt)
+
+
+def accept_sample(
+    tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Acceptance:
+    """Lossless speculative sampling over the tree's siblings.
+
+    At the current node with target distribution p: try its children c1, c2, ... in
+    order of draft probability. Accept c_j with probability p(c_j); on rejection set
+    p(c_j) = 0 and renormalise p (the residual). If every child is rejected, the bonus
+    token is drawn from the residual. Each candidate is a deterministic function of the
+    accepted prefix (a one-hot draft), so the committed token has exactly distribution p.
+
+    Args:
+        logits: (N, V) target logits.
+    """
+    kids = tree.children()
+    tokens = tree.tokens.tolist()
+    path = [0]
+    while True:
+        node = path[-1]
+        p = logits_to_probs(logits[node], cfg)
+        moved = False
+        for c in kids[node]:
+            t = tokens[c]
+            pc = float(p[t])
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if pc > 0 and u < pc:
+                path.append(c)
+                moved = True
+                break
+            p[t] = 0.0
+            total = float(p.sum())
+            if total <= 0:  # cannot happen unless p was one-hot on rejected tokens
+                break
+            p = p / total
+        if not moved:
+            return Acceptance(path, sample(p, generator))
+
+
+def accept_typical(
+    tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Acceptance:
+    """Medusa's typical acceptance (LOSSY: the output distribution is not the target's).
+
+    A child is acceptable when the target gives it probability above
+    ``min(typical_threshold, typical_alpha * exp(-H(p)))``; the acceptable child with
+    the highest target probability is taken. The bonus token is sampled from p.
+    """
+    kids = tree.children()
+    tokens = tree.tokens.tolist()
+    path = [0]
+    while True:
+        node = path[-1]
+        p = logits_to_probs(logits[node], cfg)
+        entropy = float(-(p * torch.log(p.clamp_min(1e-20))).sum())
+        bar = min(cfg.typical_threshold, cfg.typical_alpha * float(torch.exp(torch.tensor(-entropy))))
+        ok = [(float(p[tokens[c]]), c) for c in kids[node] if float(p[tokens[c]]) > bar]
+        if not ok:
+            return Acceptance(path, sample(p, generator))
+        path.append(max(ok)[1])
+
+
+def accept(
+    tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+) -> Acceptance:
+    """Dispatch to the rule named by ``cfg.rule``."""
+    rule = cfg.rule
+    if rule == "greedy":
+        return accept_greedy(tree, logits)
+    if rule == "sample":
+        return accept_sample(tree, logits, cfg, generator)
+    return accept_typical(tree, logits, cfg, generator)

@@ -1,0 +1,115 @@
+"""Command line: ``clover generate`` (train and bench join later). The only printer."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+log = logging.getLogger("clover")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clover", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="decode one prompt with ar, medusa or clover")
+    g.add_argument("--method", choices=("ar", "medusa", "clover"), default="clover")
+    g.add_argument("--prompt", required=True, help="the user message (chat template applied)")
+    g.add_argument("--model", default=None,
+                   help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--heads", default=None,
+                   help="heads folder (default: shipped heads for the embedded model, "
+                        "else freshly initialised heads)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--acceptance", choices=("auto", "greedy", "sample", "typical"), default="auto",
+                   help="typical is Medusa's typical acceptance: faster but LOSSY")
+    g.add_argument("--tree", default=None,
+                   help="'dynamic', 'dynamic:budget=N,topk=K', a preset (chain2, chain3, "
+                        "small, medium) or JSON paths like '[[0],[1],[0,0]]'")
+    g.add_argument("--num-heads", type=_positive_int, default=3,
+                   help="heads to create when none are loaded")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
+    """Heads for ``method`` ("ar" -> None): from ``heads_dir``, the shipped ones for the
+    embedded model, or freshly initialised (with a warning)."""
+    from clover.heads import load_heads, new_heads, shipped_heads_dir
+    from clover.models import EMBEDDED_NAME
+
+    if method == "ar":
+        return None
+    if heads_dir is None and target.name == EMBEDDED_NAME:
+        shipped = shipped_heads_dir(method)
+        heads_dir = str(shipped) if shipped else None
+    if heads_dir is not None:
+        heads = load_heads(heads_dir, target)
+        if heads.config.kind != method:
+            raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {method}")
+        return heads
+    log.warning("no trained %s heads for %s: using freshly initialised heads "
+                "(they guess badly, so expect little speedup)", method, target.name)
+    return new_heads(method, target, num_heads=num_heads)
+
+
+def cmd_generate(args) -> int:
+    from clover import Engine, SamplingConfig, encode_prompt, load_target, parse_tree_spec
+
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    tree = parse_tree_spec(args.tree)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              acceptance=args.acceptance, seed=args.seed)
+    target = load_target(args.model, device=args.device, dtype=args.dtype,
+                         cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    heads = load_method(args.method, target, args.heads, args.num_heads)
+    prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
+    engine = Engine(target, heads, tree)
+    result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
+    summary = result.summary()
+    summary["lossless"] = sampling.lossless
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(result.text)
+        print(f"\n[{args.method}] {summary['new_tokens']} tokens in {summary['steps']} steps, "
+              f"{summary['mean_accepted_length']:.2f} tokens/step, "
+              f"{summary['tokens_per_second']:.1f} tokens/s"
+              + ("" if sampling.lossless else " (typical acceptance: LOSSY)"), file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return cmd_generate(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"clover: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

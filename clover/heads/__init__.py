@@ -1,0 +1,54 @@
+"""Draft heads: Medusa (baseline) and Clover, behind one ``drafter()`` interface."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from clover.heads.base import DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits
+from clover.heads.clover import CloverHeads
+from clover.heads.medusa import MedusaHeads
+
+log = logging.getLogger(__name__)
+
+METHODS = ("ar", "medusa", "clover")
+
+
+def new_heads(kind: str, target, num_heads: int = 3, **config) -> DraftHeads:
+    """Freshly initialised heads of ``kind`` sized for ``target`` (they run, guessing badly).
+
+    Raises:
+        ValueError: for an unknown kind or bad sizes.
+    """
+    cfg = HeadConfig.for_target(kind, target, num_heads=num_heads, **config)
+    heads = CloverHeads(cfg, target.config) if kind == "clover" else MedusaHeads(cfg)
+    return heads.init_from_target(target).to(device=target.device, dtype=target.dtype).eval()
+
+
+def load_heads(path: str | Path, target) -> DraftHeads:
+    """Load heads saved with ``save_pretrained`` for ``target``.
+
+    Raises:
+        FileNotFoundError: when ``path`` holds no heads.
+        ValueError: when the heads do not fit the target (hidden size or vocabulary).
+    """
+    cfg = DraftHeads.read_config(path)
+    check_fits(cfg, target)
+    if cfg.target and cfg.target != target.name:
+        log.warning("heads in %s were trained for %s, not %s", path, cfg.target, target.name)
+    heads = CloverHeads(cfg, target.config) if cfg.kind == "clover" else MedusaHeads(cfg)
+    heads = heads.to(device=target.device, dtype=target.dtype)
+    heads.load_weights(path)
+    return heads.eval().requires_grad_(False)
+
+
+__all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads",
+           "METHODS", "new_heads", "load_heads", "check_fits", "shipped_heads_dir"]
+
+
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+
+
+def shipped_heads_dir(kind: str) -> Path | None:
+    """Folder of the heads shipped for the embedded model, or None when absent."""
+    path = ASSETS_DIR / "heads" / kind
+    return path if (path / "config.json").is_file() else None

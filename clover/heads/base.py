@@ -1,0 +1,168 @@
+"""What every drafting method shares: the head config, save/load, the drafter interface.
+
+A *method* is a set of draft heads (an ``nn.Module``) that, for one generation run,
+hands out a :class:`Drafter`: a small stateful object with two calls,
+
+* ``observe(hidden_pre, hidden_post)`` - the target's verified hidden states for the
+  positions just committed to the KV cache (the prompt after prefill, then the
+  accepted path after every step);
+* ``draft(root_token, max_depth)`` - the candidate tree for the next step.
+
+The engine owns everything else (verification, acceptance, KV cache), so every method is
+compared on identical machinery. Plain decoding is :class:`PlainDrafter`: the empty tree.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from clover.tree import Tree, TreeConfig, root_only
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class HeadConfig:
+    """Sizes and provenance of a set of draft heads (saved as ``config.json``).
+
+    Attributes:
+        kind: "medusa" or "clover".
+        num_heads: K, tokens drafted beyond the root (depth of the tree).
+        hidden_size: D of the target.
+        vocab_size: V of the target.
+        target: name of the target model the heads were made for.
+        target_model_type: the target's ``config.model_type`` (e.g. "llama").
+        num_attention_heads: Clover's Attention Decoder heads (H); ignored by Medusa.
+        own_lm_head: Medusa only: give each head its own vocabulary projection instead
+            of sharing the frozen lm_head.
+        norm_eps: epsilon of Clover's RMSNorm.
+    """
+
+    kind: str
+    num_heads: int = 3
+    hidden_size: int = 0
+    vocab_size: int = 0
+    target: str = ""
+    target_model_type: str = ""
+    num_attention_heads: int = 1
+    own_lm_head: bool = False
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.kind not in ("medusa", "clover"):
+            raise ValueError(f"unknown head kind {self.kind!r}; use 'medusa' or 'clover'")
+        if self.num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
+        if self.num_attention_heads < 1 or (self.hidden_size and self.hidden_size % self.num_attention_heads):
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+
+    @classmethod
+    def for_target(cls, kind: str, target, num_heads: int = 3, **kw) -> "HeadConfig":
+        """A config sized for ``target`` (a ``clover.models.TargetModel``)."""
+        return cls(kind=kind, num_heads=num_heads, hidden_size=target.hidden_size,
+                   vocab_size=target.vocab_size, target=target.name,
+                   target_model_type=target.config.model_type,
+                   num_attention_heads=target.config.num_attention_heads, **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeadConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def check_fits(config: HeadConfig, target) -> None:
+    """Raise a clear ValueError when heads do not fit ``target``'s sizes."""
+    problems = []
+    if config.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} != target's {target.hidden_size}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {config.vocab_size} != target's {target.vocab_size}")
+    if problems:
+        raise ValueError(
+            f"these {config.kind} heads were made for {config.target or 'another model'!r} "
+            f"and do not fit {target.name!r}: " + "; ".join(problems)
+        )
+
+
+class ResBlock(nn.Module):
+    """Medusa's residual block ``x + SiLU(W x + b)``; W starts at zero (identity map)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D) -> (..., D)
+        return x + nn.functional.silu(self.linear(x))
+
+
+class Drafter(Protocol):
+    """Per-run drafting state; see the module docstring."""
+
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+        """Take the target's verified hidden states, each (T, D), for new positions."""
+
+    def draft(self, root_token: int, max_depth: int) -> Tree:
+        """The candidate tree rooted at ``root_token``, at most ``max_depth`` deep."""
+
+
+class PlainDrafter:
+    """Plain autoregressive decoding: always the empty tree (root only)."""
+
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+        pass
+
+    def draft(self, root_token: int, max_depth: int) -> Tree:
+        return root_only(root_token)
+
+
+class DraftHeads(nn.Module):
+    """Base class of Medusa and Clover heads: config, save/load, drafter factory."""
+
+    kind = ""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+
+    def drafter(self, target, tree: TreeConfig) -> Drafter:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def init_from_target(self, target) -> "DraftHeads":
+        """Initialise weights that copy the target (none by default); returns self."""
+        return self
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (the heads' own weights only)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path / WEIGHTS_FILE), metadata={"kind": self.config.kind})
+
+    @staticmethod
+    def read_config(path: str | Path) -> HeadConfig:
+        """The HeadConfig saved in a heads folder.
+
+        Raises:
+            FileNotFoundError: when the folder holds no heads.
+        """
+        cfg = Path(path) / CONFIG_FILE
+        if not cfg.is_file() or not (Path(path) / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"no heads in {path}: expected {CONFIG_FILE} and {WEIGHTS_FILE}")
+        return HeadConfig.from_dict(json.loads(cfg.read_text()))
+
+    def load_weights(self, path: str | Path) -> None:
+        """Load ``model.safetensors`` from a heads folder (strict)."""
+        state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(next(self.parameters()).device))
+        self.load_state_dict(state, strict=True)

@@ -1,0 +1,78 @@
+"""Medusa heads (Cai et al., arXiv 2401.10774 §2.1.1): the baseline.
+
+Head k (k = 1..K) maps the target's last normed hidden state h_t (what lm_head reads)
+to logits for the token k positions after the root: ``lm_head(ResBlock_k(h_t))``. The
+heads never see each other's guesses, so one distribution per depth serves the whole
+tree level.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from clover.heads.base import DraftHeads, HeadConfig, ResBlock
+from clover.tree import Tree, TreeConfig, grow_tree, root_only
+
+
+class MedusaHeads(DraftHeads):
+    """K Medusa heads sharing the frozen lm_head (or each with its own projection).
+
+    Args:
+        config: HeadConfig with kind "medusa".
+    """
+
+    kind = "medusa"
+
+    def __init__(self, config: HeadConfig):
+        super().__init__(config)
+        d, v = config.hidden_size, config.vocab_size
+        self.blocks = nn.ModuleList([ResBlock(d) for _ in range(config.num_heads)])
+        self.lm_heads = (nn.ModuleList([nn.Linear(d, v, bias=False) for _ in range(config.num_heads)])
+                         if config.own_lm_head else None)
+
+    def init_from_target(self, target) -> "MedusaHeads":
+        """Own projections (when configured) start as copies of the target's lm_head."""
+        if self.lm_heads is not None:
+            with torch.no_grad():
+                for head in self.lm_heads:
+                    head.weight.copy_(target.lm_head.weight)
+        return self
+
+    def forward(self, hidden_post: torch.Tensor, target) -> torch.Tensor:
+        """Draft logits of every head.
+
+        Args:
+            hidden_post: (..., D) normed last hidden states of the target.
+        Returns:
+            (..., K, V) logits; head k (index k-1) predicts the token k positions after
+            the token that ``hidden_post`` predicts.
+        """
+        outs = []
+        for k, block in enumerate(self.blocks):
+            h = block(hidden_post)
+            outs.append(self.lm_heads[k](h) if self.lm_heads is not None else target.head_logits(h))
+        return torch.stack(outs, dim=-2)
+
+    def drafter(self, target, tree: TreeConfig) -> "MedusaDrafter":
+        return MedusaDrafter(self, target, tree)
+
+
+class MedusaDrafter:
+    """Per-run Medusa state: the last verified normed hidden state."""
+
+    def __init__(self, heads: MedusaHeads, target, tree: TreeConfig):
+        self.heads, self.target, self.tree = heads, target, tree
+        self.last_hidden: torch.Tensor | None = None  # (D,)
+
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+        self.last_hidden = hidden_post[-1]
+
+    def draft(self, root_token: int, max_depth: int) -> Tree:
+        if self.last_hidden is None:
+            return root_only(root_token)
+        probs = torch.softmax(self.heads(self.last_hidden, self.target).float(), dim=-1)  # (K, V)
+
+        def expand(depth, node_ids, parent_ids, tokens):
+            return probs[depth].expand(len(node_ids), -1)  # (n, V)
+
+        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads))

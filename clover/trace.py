@@ -1,0 +1,128 @@
+"""Trace records: what one decoding step did, and what a whole run did.
+
+Data flows one way: the engine (``clover.engine``) yields a :class:`StepTrace` per
+decode step and returns a :class:`GenerationResult` at the end; the CLI, the app, the
+benchmark and the notebooks only read these records.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TreeNode:
+    """One node of a step's candidate tree.
+
+    Node 0 is the root: the last committed token (the previous step's bonus token, or
+    the last prompt token), which the target has not yet processed. Its ``draft_prob``
+    and ``target_prob`` are 1.0 by convention.
+
+    Attributes:
+        id: index of the node in the flattened tree (parents come before children).
+        token_id: vocabulary id of the drafted token.
+        text: the token decoded on its own (may be whitespace or a partial character).
+        parent: id of the parent node, -1 for the root.
+        depth: 0 for the root, d for a token drafted d positions ahead.
+        draft_prob: the draft heads' probability of this token given its parent path
+            (conditional, in [0, 1]).
+        target_prob: the target's probability of this token given the prefix and the
+            parent path (conditional, after temperature / top-k / top-p; greedy uses
+            temperature 1).
+    """
+
+    id: int
+    token_id: int
+    text: str
+    parent: int
+    depth: int
+    draft_prob: float
+    target_prob: float
+
+
+@dataclass
+class StepTrace:
+    """What one decode step (draft -> verify -> accept -> cache update) did.
+
+    Attributes:
+        step: 0-based step index.
+        nodes: the candidate tree, node 0 the root.
+        accepted: node ids of the accepted path, root first (root is always accepted).
+        bonus_token / bonus_text: the token the target produced itself after the
+            accepted path.
+        new_tokens: token ids committed by this step, in order (accepted drafts then the
+            bonus token), already cut at EOS, a stop string or ``max_new_tokens``.
+        accepted_length: tokens committed by this step before any cut: accepted drafts
+            plus the bonus token (tau, "tokens per step").
+        draft_ms / verify_ms: wall time of drafting (incl. head state refresh) and of
+            verification (target forward, acceptance, KV-cache compaction), in ms.
+        total_tokens: new tokens generated so far, this step included.
+        finished: True when generation stopped at this step.
+    """
+
+    step: int
+    nodes: list[TreeNode]
+    accepted: list[int]
+    bonus_token: int
+    bonus_text: str
+    new_tokens: list[int]
+    accepted_length: int
+    draft_ms: float
+    verify_ms: float
+    total_tokens: int
+    finished: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of a whole generation run (batch size 1).
+
+    Attributes:
+        text: the generated text (special tokens removed).
+        token_ids: generated token ids, EOS included when generation ended on it.
+        steps: one :class:`StepTrace` per decode step.
+        prompt_tokens: number of prompt tokens.
+        prefill_ms: wall time of the prompt prefill, in ms.
+        decode_s: wall time of all decode steps, in seconds.
+        stop_reason: "eos", "length" or "stop_string".
+        method: "ar", "medusa" or "clover".
+    """
+
+    text: str
+    token_ids: list[int]
+    steps: list[StepTrace] = field(default_factory=list)
+    prompt_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_s: float = 0.0
+    stop_reason: str = "length"
+    method: str = "ar"
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens committed per step (tau), bonus included; 1.0 for plain decoding."""
+        if not self.steps:
+            return 0.0
+        return len(self.token_ids) / len(self.steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of decode time (prefill excluded)."""
+        return len(self.token_ids) / self.decode_s if self.decode_s > 0 else 0.0
+
+    def summary(self) -> dict:
+        """A JSON-ready dict of the run's headline figures."""
+        return {
+            "method": self.method,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "new_tokens": len(self.token_ids),
+            "steps": len(self.steps),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_ms": round(self.prefill_ms, 3),
+            "decode_s": round(self.decode_s, 4),
+            "stop_reason": self.stop_reason,
+        }

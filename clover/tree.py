@@ -1,0 +1,323 @@
+"""Candidate trees: static path lists, dynamic top-k growth, tree mask, position ids.
+
+A candidate tree holds N nodes in breadth-first order; node 0 is the root, the last
+committed token that the target has not processed yet. Every other node is a token
+drafted ``depth`` positions after the root. Verification runs the target once over all
+N nodes with a *tree attention mask* (each node sees the cached prefix, its ancestors
+and itself) and position ids ``prefix_len + depth`` (Medusa, arXiv 2401.10774 §2.1.2;
+Clover, arXiv 2405.00263 §3).
+
+Two ways to grow a tree, both driven by an ``expand`` callback that a drafter supplies:
+
+* static: a list of paths in Medusa's format, e.g. ``[[0], [1], [0, 0]]``: path
+  ``(r1, ..., rd)`` is the node reached by taking the r1-th most likely child of the
+  root, then the r2-th most likely child of that node, and so on.
+* dynamic: expand each frontier node's top-k children, score every node by its joint
+  draft probability (product along the path), keep the ``topk`` best nodes per depth as
+  the next frontier and the ``budget`` best nodes overall (EAGLE-2, arXiv 2406.16858
+  §4; Clover-1's sampler adds a per-head top-p and a floor relative to the best token).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# expand(depth, node_ids, parent_ids, node_tokens) -> draft probabilities of the children
+# of those nodes, a float tensor (n, V). ``depth`` is the depth of the expanded nodes
+# (0 = root). Node ids are unique within one growth; the root is 0 and its parent -1.
+ExpandFn = Callable[[int, list[int], list[int], list[int]], torch.Tensor]
+
+# Named static trees, found by exact key.
+STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
+    "chain2": ((0,), (0, 0)),
+    "chain3": ((0,), (0, 0), (0, 0, 0)),
+    "small": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)),
+    "medium": (
+        (0,), (1,), (2,), (3,),
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+        (0, 0, 0, 0),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """How to grow the candidate tree each step.
+
+    Attributes:
+        kind: "static" (use ``paths``) or "dynamic" (grow by joint draft probability).
+        paths: static tree, Medusa's format (tuples of child ranks, 0 = most likely).
+        budget: dynamic tree: drafted nodes kept, root excluded (N - 1).
+        topk: dynamic tree: children proposed per expanded node, and nodes expanded per
+            depth.
+        top_p: dynamic tree: per-head nucleus; a node's children are cut once their
+            cumulative draft probability reaches ``top_p``.
+        min_ratio: dynamic tree: a child is dropped when its draft probability is below
+            ``min_ratio`` times its best sibling's.
+        max_depth: deepest drafted level; None means one level per draft head.
+    """
+
+    kind: str = "dynamic"
+    paths: tuple[tuple[int, ...], ...] = ()
+    budget: int = 10
+    topk: int = 3
+    top_p: float = 0.95
+    min_ratio: float = 0.02
+    max_depth: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("static", "dynamic"):
+            raise ValueError(f"tree kind must be 'static' or 'dynamic', got {self.kind!r}")
+        if self.kind == "static":
+            validate_paths(self.paths)
+        else:
+            if self.budget < 1:
+                raise ValueError(f"tree budget must be >= 1, got {self.budget}")
+            if self.topk < 1:
+                raise ValueError(f"tree topk must be >= 1, got {self.topk}")
+            if not 0.0 < self.top_p <= 1.0:
+                raise ValueError(f"tree top_p must be in (0, 1], got {self.top_p}")
+            if not 0.0 <= self.min_ratio < 1.0:
+                raise ValueError(f"tree min_ratio must be in [0, 1), got {self.min_ratio}")
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ValueError(f"tree max_depth must be >= 1, got {self.max_depth}")
+
+    @property
+    def depth(self) -> int | None:
+        """Depth of the static tree, or ``max_depth`` for a dynamic one."""
+        if self.kind == "static":
+            return max(len(p) for p in self.paths)
+        return self.max_depth
+
+
+def validate_paths(paths) -> None:
+    """Check a static path list: non-empty, ranks >= 0, every prefix present.
+
+    Raises:
+        ValueError: with the offending path.
+    """
+    if not paths:
+        raise ValueError("a static tree needs at least one path, e.g. [[0]]")
+    seen = set()
+    for p in paths:
+        if not isinstance(p, (tuple, list)) or not p:
+            raise ValueError(f"tree path must be a non-empty list of ranks, got {p!r}")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p):
+            raise ValueError(f"tree path ranks must be integers >= 0, got {list(p)}")
+        seen.add(tuple(p))
+    for p in seen:
+        if len(p) > 1 and p[:-1] not in seen:
+            raise ValueError(f"tree path {list(p)} needs its parent path {list(p[:-1])}")
+    if len(seen) != len(paths):
+        raise ValueError("tree paths must not repeat")
+
+
+def parse_tree_spec(spec: str | None) -> TreeConfig:
+    """Parse a tree spec from the CLI or the app.
+
+    Accepted forms: ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,topk=4"``
+    (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`
+    (exact key), or a JSON path list such as ``"[[0],[1],[0,0]]"``.
+
+    Raises:
+        ValueError: for anything else, naming what was expected.
+    """
+    if spec is None or spec.strip() == "" or spec.strip() == "dynamic":
+        return TreeConfig()
+    spec = spec.strip()
+    if spec in STATIC_TREES:
+        return TreeConfig(kind="static", paths=STATIC_TREES[spec])
+    if spec.startswith("["):
+        try:
+            paths = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tree spec is not valid JSON: {e}") from None
+        if not isinstance(paths, list):
+            raise ValueError("a JSON tree spec must be a list of paths, e.g. [[0],[1],[0,0]]")
+        validate_paths(paths)
+        return TreeConfig(kind="static", paths=tuple(tuple(p) for p in paths))
+    if spec.startswith("dynamic:"):
+        kwargs = {}
+        types = {"budget": int, "topk": int, "top_p": float, "min_ratio": float, "max_depth": int}
+        for item in spec[len("dynamic:"):].split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or key not in types:
+                raise ValueError(
+                    f"bad dynamic tree option {item!r}; use key=value with keys {sorted(types)}"
+                )
+            try:
+                kwargs[key] = types[key](value)
+            except ValueError:
+                raise ValueError(f"tree option {key} must be a {types[key].__name__}, got {value!r}") from None
+        return TreeConfig(kind="dynamic", **kwargs)
+    raise ValueError(
+        f"unknown tree spec {spec!r}: use 'dynamic', 'dynamic:budget=N,topk=K', "
+        f"a JSON path list like '[[0],[1],[0,0]]', or one of {sorted(STATIC_TREES)}"
+    )
+
+
+@dataclass
+class Tree:
+    """A candidate tree in breadth-first order (parents before children).
+
+    Attributes:
+        tokens: (N,) long, token id per node; node 0 is the root.
+        parents: length N, parent node id, -1 for the root.
+        depths: length N, 0 for the root.
+        draft_probs: length N, conditional draft probability (1.0 for the root).
+    """
+
+    tokens: torch.Tensor
+    parents: list[int]
+    depths: list[int]
+    draft_probs: list[float]
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def children(self) -> list[list[int]]:
+        """Children ids per node, ordered by draft probability (highest first)."""
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                kids[p].append(i)
+        for k in kids:
+            k.sort(key=lambda i: -self.draft_probs[i])
+        return kids
+
+
+def root_only(root_token: int, device: torch.device | str = "cpu") -> Tree:
+    """The empty tree of plain autoregressive decoding: just the root."""
+    return Tree(torch.tensor([root_token], device=device), [-1], [0], [1.0])
+
+
+def ancestor_matrix(parents: list[int]) -> torch.Tensor:
+    """(N, N) bool: ``[i, j]`` is True when j is i or an ancestor of i.
+
+    Requires parents to come before children (``parents[i] < i``).
+    """
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
+def tree_mask(parents: list[int], prefix_len: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The tree attention mask for verification, as an additive float mask.
+
+    Returns:
+        (1, 1, N, prefix_len + N) tensor of ``dtype``: 0 where node i may attend (the
+        whole cached prefix, its ancestors and itself), ``finfo(dtype).min`` elsewhere.
+        A float mask is used because transformers treats a 4D float mask verbatim,
+        while a 4D bool mask is silently mishandled by some attention backends.
+    """
+    anc = ancestor_matrix(parents).to(device)
+    n = len(parents)
+    mask = torch.zeros(1, 1, n, prefix_len + n, dtype=dtype, device=device)
+    mask[0, 0, :, prefix_len:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask
+
+
+def position_ids(depths: list[int], prefix_len: int, device) -> torch.Tensor:
+    """(1, N) long position ids for the tree nodes: ``prefix_len + depth``."""
+    return (torch.tensor(depths, device=device) + prefix_len).unsqueeze(0)
+
+
+def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int) -> Tree:
+    """Grow a static tree from Medusa-style paths, one ``expand`` call per depth.
+
+    Paths deeper than ``max_depth`` are dropped.
+
+    Raises:
+        ValueError: when a rank exceeds the vocabulary size.
+    """
+    paths = sorted({tuple(p) for p in paths if len(p) <= max_depth}, key=lambda p: (len(p), p))
+    node_of = {(): 0}
+    tokens, parents, depths, probs = [root_token], [-1], [0], [1.0]
+    for d in range(max_depth):
+        level = [p for p in paths if len(p) == d + 1]
+        if not level:
+            break
+        parent_paths = sorted({p[:-1] for p in level})
+        parent_ids = [node_of[p] for p in parent_paths]
+        grand_ids = [parents[i] for i in parent_ids]
+        dist = expand(d, parent_ids, grand_ids, [tokens[i] for i in parent_ids])  # (n, V)
+        k = max(p[-1] for p in level) + 1
+        if k > dist.shape[-1]:
+            raise ValueError(f"tree rank {k - 1} exceeds the vocabulary size {dist.shape[-1]}")
+        top_p, top_t = dist.topk(k, dim=-1)  # (n, k)
+        top_p, top_t = top_p.tolist(), top_t.tolist()
+        row = {p: r for r, p in enumerate(parent_paths)}
+        for p in level:
+            r = row[p[:-1]]
+            node_of[p] = len(tokens)
+            tokens.append(top_t[r][p[-1]])
+            parents.append(node_of[p[:-1]])
+            depths.append(d + 1)
+            probs.append(top_p[r][p[-1]])
+    return Tree(torch.tensor(tokens), parents, depths, probs)
+
+
+def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int) -> Tree:
+    """Grow a dynamic tree by joint draft probability (EAGLE-2 style, Clover-1 sampler).
+
+    Per depth: expand the frontier (at most ``cfg.topk`` nodes), propose each node's top
+    ``cfg.topk`` children that survive the top-p cut and the ``min_ratio`` floor, score
+    them by joint probability; the ``cfg.topk`` best become the next frontier. At the end
+    keep the ``cfg.budget`` best nodes overall. A child's joint probability never
+    exceeds its parent's, and ties are broken by depth, so the kept set is a tree.
+    """
+    # candidate pool: (joint, depth, id, token, parent id, prob); the root has id 0
+    pool: list[tuple[float, int, int, int, int, float]] = []
+    frontier = [(0, -1, root_token, 1.0)]  # (id, parent id, token, joint)
+    for d in range(max_depth):
+        if not frontier:
+            break
+        dist = expand(d, [f[0] for f in frontier], [f[1] for f in frontier],
+                      [f[2] for f in frontier])  # (n, V)
+        k = min(cfg.topk, dist.shape[-1])
+        top_p, top_t = dist.topk(k, dim=-1)
+        top_p, top_t = top_p.tolist(), top_t.tolist()
+        level = []
+        for (pid, _, _, joint), ps, ts in zip(frontier, top_p, top_t):
+            cum = 0.0
+            for j, (p, t) in enumerate(zip(ps, ts)):
+                if j > 0 and (cum >= cfg.top_p or p < cfg.min_ratio * ps[0]):
+                    break
+                cum += p
+                level.append((joint * p, d + 1, len(pool) + 1, t, pid, p))
+                pool.append(level[-1])
+        level.sort(key=lambda c: -c[0])
+        frontier = [(c[2], c[4], c[3], c[0]) for c in level[: cfg.topk]]
+    kept = sorted(pool, key=lambda c: (-c[0], c[1], c[2]))[: cfg.budget]
+    # re-index breadth first, siblings by draft probability
+    kept.sort(key=lambda c: (c[1], -c[0]))
+    new_id = {0: 0}
+    tokens, parents, depths, probs = [root_token], [-1], [0], [1.0]
+    for joint, depth, nid, tok, pid, p in kept:
+        if pid not in new_id:  # unreachable by construction; guard against float ties
+            continue
+        new_id[nid] = len(tokens)
+        tokens.append(tok)
+        parents.append(new_id[pid])
+        depths.append(depth)
+        probs.append(p)
+    return Tree(torch.tensor(tokens), parents, depths, probs)
+
+
+def grow_tree(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int) -> Tree:
+    """Grow a tree of either kind; ``max_depth`` caps the drafted depth (>= 0)."""
+    if cfg.max_depth is not None:
+        max_depth = min(max_depth, cfg.max_depth)
+    if max_depth <= 0:
+        return root_only(root_token)
+    if cfg.kind == "static":
+        return grow_static(root_token, cfg.paths, expand, max_depth)
+    return grow_dynamic(root_token, cfg, expand, max_depth)
