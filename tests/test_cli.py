@@ -1,0 +1,62 @@
+"""The ``clover generate`` command."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clover import Engine, encode_prompt, load_heads
+from clover.cli import main
+from conftest import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer(96).save_pretrained(path)
+    return path
+
+
+def test_generate_json_on_a_local_folder(tiny_dir, capsys):
+    rc = main(["generate", "--method", "clover", "--model", str(tiny_dir), "--prompt",
+               "t5 t6 t7", "--max-new-tokens", "9", "--raw", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "clover" and out["new_tokens"] == 9 and out["lossless"] is True
+    assert set(out) >= {"text", "token_ids", "steps", "mean_accepted_length", "tokens_per_second"}
+    main(["generate", "--method", "ar", "--model", str(tiny_dir), "--prompt", "t5 t6 t7",
+          "--max-new-tokens", "9", "--raw", "--json"])
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--prompt", "  "], "the prompt is empty"),
+    (["--prompt", "t3", "--tree", "[[0,1]]"], "needs its parent"),
+    (["--prompt", "t3", "--tree", "wide"], "unknown tree spec"),
+    (["--prompt", "t3", "--temperature", "-1"], "temperature"),
+    (["--prompt", "t3", "--heads", "/nonexistent/heads"], "no heads"),
+])
+def test_generate_errors_are_clear(tiny_dir, capsys, argv, msg):
+    rc = main(["generate", "--model", str(tiny_dir), "--raw"] + argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "Traceback" not in err
+
+
+def test_unknown_method_and_bad_numbers(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--method", "eagle", "--prompt", "hi"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "hi", "--max-new-tokens", "0"])
+    assert "must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_generate_clover_json_on_embedded(embedded, capsys):
+    rc = main(["generate", "--method", "clover", "--prompt", "Name a color.",
+               "--max-new-tokens", "12", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    ids = encode_prompt(embedded.tokenizer, "Name a color.")
+    assert out["token_ids"] == Engine(embedded).generate(ids, 12).token_ids

@@ -1,0 +1,87 @@
+"""Greedy parity on the embedded SmolLM2-135M-Instruct (fp32, CPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clover import Engine, encode_prompt, new_heads, parse_tree_spec
+from clover.cli import load_method
+from conftest import ScriptedHeads, oracle_tree_fn, perturb
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Translate to French: The cat sleeps on the warm windowsill.",
+    "If I have 3 apples and buy 5 more, how many apples do I have?",
+]
+N = 32
+
+
+@pytest.fixture(scope="module")
+def references(embedded):
+    refs = {}
+    for p in PROMPTS:
+        ids = encode_prompt(embedded.tokenizer, p)
+        refs[p] = (ids, Engine(embedded).generate(ids, N).token_ids)
+    return refs
+
+
+def assert_same_or_near_tie(target, prompt_ids, got, want, tol=1e-4):
+    """Equal token for token, or the first difference is a logit near-tie."""
+    if got == want:
+        return
+    i = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    with torch.inference_mode():
+        logits = target.model(torch.tensor([prompt_ids + want[:i]])).logits[0, -1].float()
+    top2 = logits.topk(2).values
+    assert (top2[0] - top2[1]).item() < tol, f"flip at token {i} is not a near-tie"
+
+
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+@pytest.mark.parametrize("spec", ["dynamic", "small"])
+def test_heads_parity_on_embedded(embedded, references, kind, spec):
+    heads = perturb(new_heads(kind, embedded), scale=0.02, seed=2)
+    engine = Engine(embedded, heads, parse_tree_spec(spec))
+    for p, (ids, ref) in references.items():
+        out = engine.generate(ids, N)
+        assert_same_or_near_tie(embedded, ids, out.token_ids, ref)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+def test_default_heads_parity_on_embedded(embedded, references, kind):
+    """The CLI's default heads (shipped ones when present) keep greedy output."""
+    engine = Engine(embedded, load_method(kind, embedded, None), parse_tree_spec("dynamic"))
+    for p, (ids, ref) in list(references.items())[:3]:
+        assert_same_or_near_tie(embedded, ids, engine.generate(ids, N).token_ids, ref)
+
+
+def test_multi_token_acceptance_on_embedded(embedded, references):
+    for i, (p, (ids, ref)) in enumerate(references.items()):
+        heads = ScriptedHeads(embedded, oracle_tree_fn(ids + ref, embedded.vocab_size, seed=i))
+        out = Engine(embedded, heads).generate(ids, N)
+        assert_same_or_near_tie(embedded, ids, out.token_ids, ref)
+        assert out.mean_accepted_length > 1.5
+
+
+def test_eos_and_one_token_prompt_on_embedded(embedded, references):
+    ids, ref = references[PROMPTS[0]]
+    plain = Engine(embedded).generate(ids, 64)
+    assert plain.stop_reason == "eos" and plain.token_ids[-1] in embedded.eos_token_ids
+    heads = ScriptedHeads(embedded, oracle_tree_fn(ids + plain.token_ids, embedded.vocab_size,
+                                                   hit_rate=1.0))
+    out = Engine(embedded, heads).generate(ids, 64)
+    assert out.token_ids == plain.token_ids and out.stop_reason == "eos"
+    one = [ids[-1]]
+    want = Engine(embedded).generate(one, 16).token_ids
+    for kind in ("medusa", "clover"):
+        got = Engine(embedded, perturb(new_heads(kind, embedded), 0.02)).generate(one, 16).token_ids
+        assert_same_or_near_tie(embedded, one, got, want)
+
+
+def test_over_long_prompt_on_embedded(embedded):
+    with pytest.raises(ValueError, match="context"):
+        Engine(embedded).generate([100] * (embedded.max_context + 1), 8)

@@ -1,0 +1,115 @@
+"""Medusa and Clover heads: independent weights, Clover's parts, save and load."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from clover import load_heads, new_heads
+from clover.heads.base import HeadConfig
+from clover.models import decoder_layers
+from conftest import perturb, tiny_target
+
+
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+def test_heads_built_in_a_loop_do_not_share_weights(kind):
+    target = tiny_target("llama")
+    heads = new_heads(kind, target, num_heads=4)
+    blocks = heads.blocks if kind == "medusa" else heads.mlps
+    ptrs = {b.linear.weight.data_ptr() for b in blocks}
+    assert len(ptrs) == 4
+    with torch.no_grad():
+        blocks[0].linear.weight.fill_(1.0)
+    assert all((b.linear.weight == 0).all() for b in blocks[1:])
+
+
+def test_medusa_own_lm_head_starts_from_target():
+    target = tiny_target("llama")
+    heads = new_heads("medusa", target, num_heads=2, own_lm_head=True)
+    assert len({h.weight.data_ptr() for h in heads.lm_heads}) == 2
+    assert torch.equal(heads.lm_heads[1].weight, target.lm_head.weight)
+    h = torch.randn(3, target.hidden_size)
+    # zero-initialised residual blocks + copied projection = the target's own lm_head
+    assert torch.allclose(heads(h, target)[:, 0], target.head_logits(h), atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_augmenting_block_is_the_targets_last_layer(arch):
+    """Initialised from the last layer, the block applied to the second-to-last layer's
+    output reproduces the target's last hidden state (before the final norm)."""
+    target = tiny_target(arch)
+    heads = new_heads("clover", target)
+    src = decoder_layers(target.base)[-1]
+    dst = decoder_layers(heads.augment)[0]
+    for (n1, p1), (n2, p2) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    assert p1.data_ptr() != p2.data_ptr()  # a copy, not the target's own tensor
+    ids = torch.randint(2, 96, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        out = target.model(ids, output_hidden_states=True)
+        h_in = out.hidden_states[-2]  # input of the last layer
+        pre = target.forward(ids, torch.arange(10)[None], None, None).hidden_pre
+        aug = heads.augment_hidden(h_in, None, 0)
+    assert torch.allclose(aug[0], pre, atol=1e-5)
+
+
+def test_clover_parts():
+    target = tiny_target("llama")
+    heads = perturb(new_heads("clover", target, num_heads=3), 0.1)
+    e = heads.regressive_embedding(torch.tensor([3, 7]), target)
+    assert e.shape == (2, target.hidden_size)
+    assert torch.allclose(e.norm(dim=-1), torch.ones(2), atol=1e-5)
+    h0 = torch.randn(2, target.hidden_size)
+    h1, logits = heads.step(h0, torch.tensor([3, 7]), 0, target)
+    assert h1.shape == (2, target.hidden_size) and logits.shape == (2, target.vocab_size)
+    # the regressive connection matters: another previous token changes the draft
+    _, logits_b = heads.step(h0, torch.tensor([4, 7]), 0, target)
+    assert not torch.allclose(logits[0], logits_b[0]) and torch.allclose(logits[1], logits_b[1])
+    # at init W_V = 0: the attention decoder is the identity (training starts from Medusa)
+    fresh = new_heads("clover", target)
+    assert torch.equal(fresh.decoder(h0, e), h0)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+def test_save_and_reload_identical(kind, tmp_path):
+    target = tiny_target("llama")
+    heads = perturb(new_heads(kind, target), 0.1)
+    heads.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["kind"] == kind and cfg["target"] == "tiny-llama" and cfg["hidden_size"] == 64
+    again = load_heads(tmp_path, target)
+    h = torch.randn(4, target.hidden_size)
+    with torch.inference_mode():
+        if kind == "medusa":
+            assert torch.equal(heads(h, target), again(h, target))
+        else:
+            toks = torch.tensor([1, 2, 3, 4])
+            assert torch.equal(heads.step(h, toks, 2, target)[1], again.step(h, toks, 2, target)[1])
+            x = torch.randn(1, 5, target.hidden_size)
+            assert torch.equal(heads.augment_hidden(x, None, 0), again.augment_hidden(x, None, 0))
+
+
+def test_loading_heads_for_another_model_fails_clearly(tmp_path):
+    other = tiny_target("llama", vocab_size=80)
+    new_heads("clover", other).save_pretrained(tmp_path / "clover")
+    target = tiny_target("llama", vocab_size=96)
+    with pytest.raises(ValueError, match=r"made for 'tiny-llama'.*vocabulary 80 != target's 96"):
+        load_heads(tmp_path / "clover", target)
+    gpt = tiny_target("gpt2")
+    cfg = json.loads((tmp_path / "clover" / "config.json").read_text())
+    cfg["hidden_size"] = 32
+    (tmp_path / "clover" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hidden size 32 != target's 64"):
+        load_heads(tmp_path / "clover", gpt)
+    with pytest.raises(FileNotFoundError, match="no heads"):
+        load_heads(tmp_path / "missing", target)
+
+
+def test_head_config_errors():
+    with pytest.raises(ValueError, match="unknown head kind"):
+        HeadConfig(kind="eagle")
+    with pytest.raises(ValueError, match="num_heads"):
+        HeadConfig(kind="clover", num_heads=0)
+    with pytest.raises(ValueError, match="divide"):
+        HeadConfig(kind="clover", hidden_size=10, num_attention_heads=3)

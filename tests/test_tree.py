@@ -1,0 +1,144 @@
+"""Trees: masks, position ids, static and dynamic growth, spec parsing."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clover.tree import (STATIC_TREES, Tree, TreeConfig, ancestor_matrix, grow_dynamic,
+                         grow_static, grow_tree, parse_tree_spec, position_ids, tree_mask)
+
+
+def fixed_expand(vocab=10):
+    """Children distribution depends on depth and parent token, deterministically."""
+    calls = []
+
+    def expand(depth, node_ids, parent_ids, tokens):
+        calls.append((depth, list(node_ids), list(parent_ids), list(tokens)))
+        rows = []
+        for t in tokens:
+            logits = torch.tensor([float((7 * i + 3 * t + depth) % vocab) for i in range(vocab)])
+            rows.append(torch.softmax(logits, -1))
+        return torch.stack(rows)
+
+    expand.calls = calls
+    return expand
+
+
+def test_ancestor_matrix_and_mask():
+    parents = [-1, 0, 0, 1, 3, 2]
+    anc = ancestor_matrix(parents)
+    expected = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 3, 4}, 5: {0, 2, 5}}
+    for i, js in expected.items():
+        assert set(torch.nonzero(anc[i]).flatten().tolist()) == js
+    mask = tree_mask(parents, prefix_len=4, dtype=torch.float32, device="cpu")
+    assert mask.shape == (1, 1, 6, 10)
+    assert (mask[0, 0, :, :4] == 0).all()  # every node sees the whole prefix
+    neg = torch.finfo(torch.float32).min
+    for i, js in expected.items():
+        for j in range(6):
+            assert mask[0, 0, i, 4 + j] == (0.0 if j in js else neg)
+
+
+def test_position_ids():
+    assert position_ids([0, 1, 1, 2], 7, "cpu").tolist() == [[7, 8, 8, 9]]
+
+
+def test_grow_static_follows_ranks():
+    expand = fixed_expand()
+    paths = [(0,), (1,), (0, 0), (0, 2), (1, 0), (0, 0, 1)]
+    tree = grow_static(5, paths, expand, max_depth=3)
+    assert len(tree) == 7 and tree.parents[0] == -1 and tree.tokens[0] == 5
+    assert tree.depths == [0, 1, 1, 2, 2, 2, 3]
+    # node for path (0, 2) is the 3rd most likely child of the node for path (0,)
+    probs = expand(0, [0], [-1], [5])[0]
+    top = probs.topk(3).indices.tolist()
+    assert tree.tokens[1].item() == top[0] and tree.tokens[2].item() == top[1]
+    child_probs = expand(1, [1], [0], [top[0]])[0].topk(3).indices.tolist()
+    node_02 = [i for i in range(len(tree)) if tree.parents[i] == 1 and tree.depths[i] == 2]
+    assert [tree.tokens[i].item() for i in node_02] == [child_probs[0], child_probs[2]]
+    # one expand call per depth, with the right parents
+    assert [c[0] for c in expand.calls[:3]] == [0, 1, 2]
+    assert grow_static(5, paths, fixed_expand(), max_depth=1).depths == [0, 1, 1]
+
+
+def check_tree(tree: Tree):
+    for i, p in enumerate(tree.parents):
+        if i == 0:
+            assert p == -1 and tree.depths[0] == 0
+        else:
+            assert 0 <= p < i and tree.depths[i] == tree.depths[p] + 1
+    # siblings have distinct tokens
+    for kids in tree.children():
+        toks = [tree.tokens[k].item() for k in kids]
+        assert len(toks) == len(set(toks))
+
+
+@pytest.mark.parametrize("budget,topk", [(1, 1), (5, 2), (10, 3), (30, 4)])
+def test_grow_dynamic_budget_and_shape(budget, topk):
+    cfg = TreeConfig(budget=budget, topk=topk, top_p=1.0, min_ratio=0.0)
+    tree = grow_dynamic(3, cfg, fixed_expand(), max_depth=4)
+    check_tree(tree)
+    assert len(tree) - 1 <= budget
+    assert len(tree) - 1 == min(budget, sum(topk * min(topk, topk ** d) for d in range(4)))
+    assert max(len(k) for k in tree.children()) <= topk
+
+
+def test_grow_dynamic_keeps_highest_joint_probability():
+    """Every kept node's joint probability is >= every dropped candidate's."""
+    cfg = TreeConfig(budget=6, topk=3, top_p=1.0, min_ratio=0.0)
+    tree = grow_dynamic(3, cfg, fixed_expand(), max_depth=3)
+    joint = [1.0]
+    for i in range(1, len(tree)):
+        joint.append(joint[tree.parents[i]] * tree.draft_probs[i])
+    full = grow_dynamic(3, TreeConfig(budget=1000, topk=3, top_p=1.0, min_ratio=0.0),
+                        fixed_expand(), max_depth=3)
+    fj = [1.0]
+    for i in range(1, len(full)):
+        fj.append(fj[full.parents[i]] * full.draft_probs[i])
+    assert min(joint[1:]) >= sorted(fj[1:], reverse=True)[5] - 1e-12
+
+
+def test_grow_dynamic_top_p_and_floor():
+    def peaked(depth, ids, parents, tokens):
+        p = torch.tensor([0.9, 0.05, 0.03, 0.02])
+        return p.expand(len(ids), -1)
+
+    t = grow_dynamic(0, TreeConfig(budget=20, topk=4, top_p=0.85, min_ratio=0.0), peaked, 1)
+    assert len(t) == 2  # 0.9 reaches top_p 0.85: no more siblings
+    t = grow_dynamic(0, TreeConfig(budget=20, topk=4, top_p=1.0, min_ratio=0.04), peaked, 1)
+    assert len(t) == 3  # floor 0.036 drops 0.03 and 0.02
+
+
+def test_grow_tree_depth_cap_and_root_only():
+    cfg = TreeConfig(kind="static", paths=STATIC_TREES["chain3"])
+    assert len(grow_tree(1, cfg, fixed_expand(), max_depth=0)) == 1
+    assert grow_tree(1, cfg, fixed_expand(), max_depth=2).depths == [0, 1, 2]
+    cfg = TreeConfig(budget=10, topk=2, max_depth=1)
+    assert max(grow_tree(1, cfg, fixed_expand(), max_depth=5).depths) == 1
+
+
+def test_parse_tree_spec():
+    assert parse_tree_spec(None) == TreeConfig()
+    assert parse_tree_spec("dynamic") == TreeConfig()
+    assert parse_tree_spec("dynamic:budget=12,topk=4") == TreeConfig(budget=12, topk=4)
+    assert parse_tree_spec("small").paths == STATIC_TREES["small"]
+    assert parse_tree_spec("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("[[0],[0,0,1]]", "parent"),
+    ("[[0],", "JSON"),
+    ("[[-1]]", ">= 0"),
+    ("[[]]", "non-empty"),
+    ("[]", "at least one"),
+    ("[[0],[0]]", "repeat"),
+    ('{"a": 1}', "unknown tree spec"),
+    ("bushy", "unknown tree spec"),
+    ("dynamic:budget=0", "budget"),
+    ("dynamic:size=3", "bad dynamic tree option"),
+    ("dynamic:budget=x", "must be a int"),
+    ("dynamic:top_p=1.5", "top_p"),
+])
+def test_parse_tree_spec_errors(spec, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_tree_spec(spec)
