@@ -1,4 +1,4 @@
-"""Command line: ``clover generate`` (train and bench join later). The only printer."""
+"""Command line: ``clover generate | data | train``. The only printer."""
 from __future__ import annotations
 
 import argparse
@@ -48,7 +48,38 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+
+    d = sub.add_parser("data", help="build a self-distillation set: the target's own answers")
+    d.add_argument("--model", default=None, help="target (default: embedded model)")
+    d.add_argument("--prompts", default=str(_assets() / "prompts" / "train.jsonl"),
+                   help="Spec-Bench-format JSONL (question_id, category, turns)")
+    d.add_argument("--out", required=True, help="output folder (resumes when it exists)")
+    d.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy")
+    d.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    d.add_argument("--batch-size", type=_positive_int, default=16)
+    d.add_argument("--max-prompts", type=_positive_int, default=None)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", default=None)
+
+    t = sub.add_parser("train", help="train Medusa or Clover heads with the target frozen")
+    t.add_argument("--method", choices=("medusa", "clover"), default=None)
+    t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
+    t.add_argument("--model", default=None, help="target (default: embedded model)")
+    t.add_argument("--data", required=True, help="folder written by `clover data`")
+    t.add_argument("--out", required=True, help="heads folder (checkpoints in OUT/checkpoint)")
+    for name, typ in (("num-heads", int), ("steps", int), ("batch-size", int), ("positions", int),
+                      ("lr", float), ("decay", float), ("hidden-weight", float),
+                      ("eval-every", int), ("save-every", int), ("seed", int)):
+        t.add_argument(f"--{name}", type=typ, default=None)
+    t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
+    t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
+    t.add_argument("--device", default=None)
     return parser
+
+
+def _assets():
+    from clover.heads import ASSETS_DIR
+    return ASSETS_DIR
 
 
 def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
@@ -99,13 +130,56 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from clover.data import DataConfig, build_dataset
+    from clover.models import load_target
+
+    try:
+        temps = tuple(float(x) for x in args.temperatures.split(","))
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+    cfg = DataConfig(temperatures=temps, max_new_tokens=args.max_new_tokens,
+                     batch_size=args.batch_size, seed=args.seed, max_prompts=args.max_prompts)
+    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    n = build_dataset(target, args.prompts, args.out, cfg)
+    print(json.dumps({"out": args.out, "records": n}))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from dataclasses import replace
+
+    from clover.models import load_target
+    from clover.train import TrainConfig, preset, train
+
+    overrides = {k: getattr(args, k) for k in ("num_heads", "steps", "batch_size", "positions", "lr",
+                                               "decay", "hidden_weight", "eval_every", "save_every",
+                                               "seed", "mixed_precision")}
+    if args.preset:
+        cfg = preset(args.preset, **overrides)
+        if args.method and args.method != cfg.method:
+            raise ValueError(f"preset {args.preset} trains {cfg.method}, not {args.method}")
+    else:
+        if not args.method:
+            raise ValueError("give --method or --preset")
+        cfg = replace(TrainConfig(method=args.method),
+                      **{k: v for k, v in overrides.items() if v is not None})
+    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    final = train(target, args.data, args.out, cfg, resume=not args.no_resume)
+    print(json.dumps({"out": args.out, "heldout": final}))
+    return 0
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands = {"generate": cmd_generate, "data": cmd_data, "train": cmd_train}
+    if args.command != "generate":
+        logging.getLogger("clover").setLevel(logging.INFO)
     try:
-        return cmd_generate(args)
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"clover: error: {e}", file=sys.stderr)
         return 2

@@ -27,6 +27,9 @@ def tiny_tokenizer(vocab_size: int):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1")
+    # user turns open with t2, assistant turns with t3
+    fast.chat_template = ("{% for m in messages %}{{ 't2 ' if m['role'] == 'user' else 't3 ' }}"
+                          "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}t3{% endif %}")
     return fast
 
 

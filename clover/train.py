@@ -1,0 +1,355 @@
+"""Train draft heads with the target frozen (Clover arXiv 2405.00263 §4.1; Medusa-1).
+
+Data: a self-distillation folder from :mod:`clover.data`. Per step, a batch of
+conversations goes through the frozen target once (hidden states before and after the
+final norm); at a random sample of answer positions s, head k (1..K) is trained to
+predict token s+k+1 against the target's own distribution at position s+k (soft
+cross-entropy), weighted by ``decay**(k-1)``. Optionally (Clover-2) the head's hidden
+state is also regressed onto the target's hidden state at s+k.
+
+* Medusa head k reads the normed hidden state at s.
+* Clover runs the Augmenting Block over the whole sequence, then at s chains the
+  Attention Decoder through the true tokens x_{s+1}, ..., x_{s+k} (teacher forcing: the
+  Regressive Connection sees what the target said).
+
+Runs under ``accelerate`` (several GPUs, mixed precision on GPU) with a tqdm bar,
+periodic held-out evaluation (per-head top-1 / top-5 accuracy against the target's own
+next token), checkpoints and resume.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+import zlib
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from clover.data import read_records
+from clover.heads import DraftHeads, load_heads, new_heads
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Head training settings.
+
+    Attributes:
+        method: "medusa" or "clover".
+        num_heads: K.
+        steps: optimiser steps.
+        batch_size: conversations per step.
+        positions: answer positions sampled per conversation per step (0 = all).
+        max_len: conversations are cut to this many tokens.
+        lr / weight_decay / warmup: AdamW settings; warmup in steps.
+        schedule: "cosine" (to 10% of lr) or "constant" after warmup.
+        decay: loss weight of head k is decay**(k-1).
+        hidden_weight: weight of the hidden-state regression term (Clover-2); 0 = off.
+        eval_every / save_every: in steps (0 = only at the end).
+        eval_conversations: held-out conversations per evaluation.
+        heldout_percent: share of question ids (by hash) kept for evaluation.
+        seed: seeds sampling of batches and positions and head initialisation.
+        mixed_precision: accelerate's "no", "bf16" or "fp16" (GPU only).
+    """
+
+    method: str = "clover"
+    num_heads: int = 3
+    steps: int = 1000
+    batch_size: int = 8
+    positions: int = 64
+    max_len: int = 768
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup: int = 30
+    schedule: str = "cosine"
+    decay: float = 0.8
+    hidden_weight: float = 0.0
+    eval_every: int = 100
+    save_every: int = 100
+    eval_conversations: int = 48
+    heldout_percent: int = 4
+    seed: int = 0
+    mixed_precision: str = "no"
+
+    def __post_init__(self):
+        if self.method not in ("medusa", "clover"):
+            raise ValueError(f"method must be medusa or clover, got {self.method!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be cosine or constant, got {self.schedule!r}")
+        for name in ("num_heads", "steps", "batch_size", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0 < self.decay <= 1 or self.lr <= 0:
+            raise ValueError("decay must be in (0, 1] and lr > 0")
+        if not 0 <= self.heldout_percent < 100:
+            raise ValueError("heldout_percent must be in [0, 100)")
+
+
+# Named presets, found by exact key. Medusa and Clover share data, steps and budget.
+PRESETS: dict[str, TrainConfig] = {
+    "smollm2-medusa": TrainConfig(method="medusa", steps=1500, batch_size=8, positions=64),
+    "smollm2-clover": TrainConfig(method="clover", steps=1500, batch_size=8, positions=64),
+}
+
+
+def is_heldout(question_id, percent: int) -> bool:
+    """Deterministic split by question id: the same prompt never lands in both."""
+    return zlib.crc32(str(question_id).encode()) % 100 < percent
+
+
+def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records of a data folder, cut to ``max_len``.
+
+    Raises:
+        ValueError: when the folder holds no usable records.
+    """
+    train, held = [], []
+    for r in read_records(data_dir):
+        ids, mask = r["input_ids"][: cfg.max_len], r["loss_mask"][: cfg.max_len]
+        if sum(mask) < 2:
+            continue
+        (held if is_heldout(r["question_id"], cfg.heldout_percent) else train).append(
+            {"input_ids": ids, "loss_mask": mask})
+    if not train:
+        raise ValueError(f"no training records in {data_dir}; run `clover data` first")
+    return train, held
+
+
+def collate(records: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a batch: (B, T) ids and (B, T) loss mask (0 on padding).
+
+    Right padding needs no attention mask: causal attention never looks forward.
+    """
+    width = max(len(r["input_ids"]) for r in records)
+    ids = torch.full((len(records), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(records), width), dtype=torch.bool)
+    for i, r in enumerate(records):
+        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, : len(r["loss_mask"])] = torch.tensor(r["loss_mask"], dtype=torch.bool)
+    return ids, mask
+
+
+def target_hidden(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen target over a batch: (B, T, D) hidden states before and after the final norm."""
+    with torch.no_grad():
+        post = target.base(input_ids=ids).last_hidden_state
+        pre = target._captured.pre
+        target._captured.pre = target._captured.post = None
+    return pre, post
+
+
+def sample_positions(mask: torch.Tensor, k: int, n: int, gen: torch.Generator):
+    """Positions s whose token s+2 is an answer token (head 1 has a target); at most n
+    per row (n = 0: all). Returns (rows, cols) long tensors of equal length M."""
+    valid = torch.zeros_like(mask)
+    valid[:, :-2] = mask[:, 2:]
+    rows, cols = [], []
+    for b in range(mask.shape[0]):
+        idx = torch.nonzero(valid[b]).flatten()
+        if n and len(idx) > n:
+            idx = idx[torch.randperm(len(idx), generator=gen)[:n]]
+        rows.append(torch.full_like(idx, b))
+        cols.append(idx)
+    return torch.cat(rows), torch.cat(cols)
+
+
+def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols):
+    """Per head k: draft logits (M, V) and pre-lm_head hidden (M, D) at positions s."""
+    outs = []
+    if heads.config.kind == "medusa":
+        h = post[rows, cols]
+        for k in range(heads.config.num_heads):
+            z = heads.blocks[k](h)
+            logits = heads.lm_heads[k](z) if heads.lm_heads is not None else target.head_logits(z)
+            outs.append((logits, z))
+    else:
+        h0 = heads.augment_hidden(pre, None, 0)  # (B, T, D)
+        h = h0[rows, cols]
+        T = ids.shape[1]
+        for k in range(heads.config.num_heads):
+            tok = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}
+            h = heads.decoder(h, heads.regressive_embedding(tok, target))
+            z = heads.mlps[k](h)
+            outs.append((target.head_logits(target.final_norm(z)), z))
+    return outs
+
+
+def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int):
+    """Weighted soft cross-entropy over heads, plus per-head top-1/top-5 counts.
+
+    Returns:
+        (loss scalar, per head k a list [positions, top1 hits, top5 hits, cross-entropy
+        sum, KL(target || head) sum]).
+    """
+    pre, post = target_hidden(target, ids)
+    rows, cols = sample_positions(mask, 1, n_positions, gen)
+    outs = head_outputs(heads, target, ids, pre, post, rows, cols)
+    T = ids.shape[1]
+    loss = torch.zeros((), device=ids.device)
+    stats = []
+    for k, (logits, z) in enumerate(outs):
+        tgt = cols + k + 1  # teacher position s+k (1-based head k); predicts x_{s+k+2}
+        ok = (cols + k + 2 < T) & mask[rows, (cols + k + 2).clamp(max=T - 1)]
+        if not ok.any():
+            stats.append([0, 0, 0, 0.0, 0.0])
+            continue
+        tgt = tgt[ok]
+        with torch.no_grad():
+            teacher = torch.softmax(target.head_logits(post[rows[ok], tgt]).float(), dim=-1)
+        logp = torch.log_softmax(logits[ok].float(), dim=-1)
+        ce = -(teacher * logp).sum(-1)  # (M,)
+        weight = cfg.decay ** k
+        loss = loss + weight * ce.mean()
+        if cfg.hidden_weight > 0:
+            ref = (post if heads.config.kind == "medusa" else pre)[rows[ok], tgt]
+            loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
+        with torch.no_grad():
+            best = teacher.argmax(-1)
+            top5 = logp.topk(5, dim=-1).indices
+            entropy = -(teacher * torch.log(teacher.clamp_min(1e-30))).sum(-1)
+            stats.append([int(ok.sum()), int((top5[:, 0] == best).sum()),
+                          int((top5 == best[:, None]).any(-1).sum()), float(ce.sum()),
+                          float((ce - entropy).sum())])
+    return loss, stats
+
+
+def evaluate(heads, target, records, cfg: TrainConfig, pad: int) -> dict:
+    """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all positions)."""
+    heads.eval()
+    totals = [[0, 0, 0, 0.0, 0.0] for _ in range(heads.config.num_heads)]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for i in range(0, min(len(records), cfg.eval_conversations), 4):
+            ids, mask = collate(records[i: i + 4], pad)
+            _, stats = batch_loss(heads, target, ids.to(target.device), mask.to(target.device), cfg, gen, 0)
+            for t, s in zip(totals, stats):
+                for j in range(5):
+                    t[j] += s[j]
+    heads.train()
+    return {f"head{k + 1}": {"top1": t[1] / max(t[0], 1), "top5": t[2] / max(t[0], 1),
+                             "loss": t[3] / max(t[0], 1), "kl": t[4] / max(t[0], 1),
+                             "positions": t[0]}
+            for k, t in enumerate(totals)}
+
+
+def lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
+          resume: bool = True, progress: bool = True) -> dict:
+    """Train heads for ``target`` and save them to ``out_dir``.
+
+    Checkpoints go to ``out_dir/checkpoint`` every ``save_every`` steps; with ``resume``
+    a later call continues from there. The final heads are written with
+    ``save_pretrained`` plus ``training.json`` (config, evaluations, wall time).
+
+    Returns:
+        the final held-out evaluation.
+    Raises:
+        ValueError: bad config or data; heads in a checkpoint that do not fit the target.
+    """
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    ckpt = out_dir / "checkpoint"
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision,
+                              cpu=target.device.type == "cpu")
+    torch.manual_seed(cfg.seed)
+    train_set, held = load_split(data_dir, cfg)
+    pad = min(target.eos_token_ids) if target.eos_token_ids else 0
+    state = {"step": 0, "wall_s": 0.0, "evals": [], "config": asdict(cfg)}
+    if resume and (ckpt / "state.json").is_file():
+        state = json.loads((ckpt / "state.json").read_text())
+        if state["config"]["method"] != cfg.method:
+            raise ValueError(f"{ckpt} holds a {state['config']['method']} run, not {cfg.method}")
+        heads = load_heads(ckpt, target)
+        log.info("resuming from step %d", state["step"])
+    else:
+        heads = new_heads(cfg.method, target, num_heads=cfg.num_heads)
+    heads.requires_grad_(True).train()
+    for p in heads.parameters():
+        if p.dtype != torch.float32:
+            p.data = p.data.float()  # master weights in fp32
+    frozen = [p for n, p in heads.named_parameters() if "wpe" in n or "embed_tokens" in n]
+    for p in frozen:
+        p.requires_grad_(False)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    if resume and (ckpt / "optimizer.pt").is_file():
+        saved = torch.load(ckpt / "optimizer.pt", map_location=target.device)
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+    heads, opt = accelerator.prepare(heads, opt)
+    raw = accelerator.unwrap_model(heads)
+    rng = random.Random(cfg.seed * 7919 + state["step"])
+    gen = torch.Generator().manual_seed(cfg.seed * 104729 + state["step"])
+
+    def save(path: Path):
+        raw.save_pretrained(path)
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, path / "optimizer.pt")
+        (path / "state.json").write_text(json.dumps(state, indent=1))
+
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"train {cfg.method}",
+               disable=not progress or not accelerator.is_main_process)
+    t_start = time.perf_counter() - state["wall_s"]
+    while state["step"] < cfg.steps:
+        batch = rng.sample(train_set, min(cfg.batch_size, len(train_set)))
+        ids, mask = collate(batch, pad)
+        with accelerator.autocast():
+            loss, stats = batch_loss(raw, target, ids.to(target.device), mask.to(target.device),
+                                     cfg, gen, cfg.positions)
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["wall_s"] = time.perf_counter() - t_start
+        acc = [s[1] / max(s[0], 1) for s in stats]
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1="/".join(f"{a:.2f}" for a in acc))
+        bar.update(1)
+        last = state["step"] == cfg.steps
+        if (cfg.eval_every and state["step"] % cfg.eval_every == 0) or last:
+            if held:
+                ev = evaluate(raw, target, held, cfg, pad)
+                state["evals"].append({"step": state["step"], "wall_s": round(state["wall_s"], 1),
+                                       "train_loss": loss.item(), **ev})
+                log.info("step %d held-out %s", state["step"],
+                         {k: round(v["top1"], 3) for k, v in ev.items()})
+        if (cfg.save_every and state["step"] % cfg.save_every == 0) or last:
+            save(ckpt)
+    bar.close()
+    raw.eval()
+    raw.save_pretrained(out_dir)
+    final = state["evals"][-1] if state["evals"] else {}
+    (out_dir / "training.json").write_text(json.dumps(
+        {"config": asdict(cfg), "target": target.name, "steps": state["step"],
+         "wall_s": round(state["wall_s"], 1), "train_conversations": len(train_set),
+         "heldout_conversations": len(held), "evals": state["evals"]}, indent=1) + "\n")
+    return final
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    """A named TrainConfig (exact key) with optional field overrides.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
