@@ -113,3 +113,14 @@ def test_head_config_errors():
         HeadConfig(kind="clover", num_heads=0)
     with pytest.raises(ValueError, match="divide"):
         HeadConfig(kind="clover", hidden_size=10, num_attention_heads=3)
+
+
+def test_from_pretrained_checks_kind(tmp_path):
+    from clover.heads import CloverHeads, DraftHeads, MedusaHeads
+
+    target = tiny_target("llama")
+    new_heads("medusa", target).save_pretrained(tmp_path)
+    assert isinstance(DraftHeads.from_pretrained(tmp_path, target), MedusaHeads)
+    assert isinstance(MedusaHeads.from_pretrained(tmp_path, target), MedusaHeads)
+    with pytest.raises(ValueError, match="holds medusa heads, not clover"):
+        CloverHeads.from_pretrained(tmp_path, target)

@@ -162,6 +162,22 @@ class DraftHeads(nn.Module):
             raise FileNotFoundError(f"no heads in {path}: expected {CONFIG_FILE} and {WEIGHTS_FILE}")
         return HeadConfig.from_dict(json.loads(cfg.read_text()))
 
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target) -> "DraftHeads":
+        """Load heads saved with :meth:`save_pretrained` for ``target`` (any kind).
+
+        Raises:
+            FileNotFoundError: when ``path`` holds no heads.
+            ValueError: when the heads do not fit the target (hidden size or vocabulary),
+                or are not of this class's kind.
+        """
+        from clover.heads import load_heads
+
+        heads = load_heads(path, target)
+        if cls.kind and heads.config.kind != cls.kind:
+            raise ValueError(f"{path} holds {heads.config.kind} heads, not {cls.kind}")
+        return heads
+
     def load_weights(self, path: str | Path) -> None:
         """Load ``model.safetensors`` from a heads folder (strict)."""
         state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(next(self.parameters()).device))
