@@ -1,4 +1,4 @@
-"""Command line: ``clover generate | data | train``. The only printer."""
+"""Command line: ``clover generate | data | train | bench``. The only printer."""
 from __future__ import annotations
 
 import argparse
@@ -74,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     t.add_argument("--device", default=None)
+
+    b = sub.add_parser("bench", help="measure plain, Medusa and Clover side by side")
+    b.add_argument("--methods", default="ar,medusa,clover")
+    b.add_argument("--model", default=None, help="target (default: embedded model)")
+    b.add_argument("--medusa-heads", default=None, help="default: shipped or fresh heads")
+    b.add_argument("--clover-heads", default=None, help="default: shipped or fresh heads")
+    b.add_argument("--prompts", default=str(_assets() / "prompts" / "heldout.jsonl"),
+                   help="Spec-Bench-format JSONL (default: the project's held-out set)")
+    b.add_argument("--max-prompts", type=_positive_int, default=None)
+    b.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--repeats", type=_positive_int, default=1)
+    b.add_argument("--tree", default=None, help="as for generate")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--device", default=None)
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--out", required=True, help="folder for results.json, results.md, charts.html")
     return parser
 
 
@@ -170,12 +187,33 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from clover import Engine, load_target, parse_tree_spec
+    from clover.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      repeats=args.repeats, max_prompts=args.max_prompts, seed=args.seed)
+    if cfg.temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    tree = parse_tree_spec(args.tree)
+    target = load_target(args.model, device=args.device, dtype=args.dtype,
+                         cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
+    engines = {m: Engine(target, load_method(m, target, heads_dirs.get(m)), tree) for m in cfg.methods}
+    results = run_bench(target, engines, args.prompts, args.out, cfg,
+                        extra_meta={"tree": args.tree or "dynamic",
+                                    "heads": {m: heads_dirs.get(m) or "default" for m in cfg.methods if m != "ar"}})
+    print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"generate": cmd_generate, "data": cmd_data, "train": cmd_train}
+    commands = {"generate": cmd_generate, "data": cmd_data, "train": cmd_train, "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)
     try:

@@ -1,0 +1,285 @@
+"""Benchmark: plain, Medusa and Clover decoding side by side, in one process.
+
+Every method runs on the same prompts, interleaved per prompt (A B C A B C), after a
+warm-up, at batch size 1, through the same engine. Speedup is per prompt and repeat
+(method tokens/s over plain tokens/s on that prompt in that repeat), then averaged
+(Spec-Bench's protocol, arXiv 2401.07851 §4). Multi-turn prompts are answered turn by
+turn, each method continuing its own conversation.
+
+Output folder: ``results.json`` (machine, settings, every run, summary),
+``results.md`` (a table per task category) and ``charts.html`` (Plotly).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from clover.acceptance import SamplingConfig
+from clover.data import read_prompts
+from clover.engine import Engine
+from clover.trace import GenerationResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Benchmark settings.
+
+    Attributes:
+        methods: method names in run order; "ar" (plain) is the speedup baseline.
+        max_new_tokens: per turn.
+        temperature: 0 = greedy (then outputs are also checked against plain).
+        repeats: passes over the prompts.
+        max_prompts: use only the first N prompts (None = all).
+        warmup: warm-up generations per method before timing.
+        seed: sampling seed (per prompt and repeat, shared by methods).
+    """
+
+    methods: tuple[str, ...] = ("ar", "medusa", "clover")
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    repeats: int = 1
+    max_prompts: int | None = None
+    warmup: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.methods or len(set(self.methods)) != len(self.methods):
+            raise ValueError("methods must be a non-empty list without repeats")
+        unknown = set(self.methods) - {"ar", "medusa", "clover"}
+        if unknown:
+            raise ValueError(f"unknown methods {sorted(unknown)}; use ar, medusa, clover")
+        if self.max_new_tokens < 1 or self.repeats < 1 or self.warmup < 0:
+            raise ValueError("max_new_tokens and repeats must be >= 1, warmup >= 0")
+
+
+@dataclass
+class RunRecord:
+    """One method on one prompt in one repeat (all turns together)."""
+
+    question_id: str
+    category: str
+    method: str
+    repeat: int
+    new_tokens: int
+    wall_s: float
+    tokens_per_second: float
+    steps: int
+    mean_accepted_length: float
+    acceptance_per_depth: list[float]
+    draft_ms: float
+    verify_ms: float
+    text: list[str] = field(default_factory=list)
+    matches_plain: bool | None = None
+
+
+def acceptance_per_depth(results: list[GenerationResult], depth: int) -> list[float]:
+    """Share of steps whose accepted path reached depth d, for d = 1..depth."""
+    steps = [s for r in results for s in r.steps]
+    if not steps or depth < 1:
+        return []
+    return [sum(1 for s in steps if len(s.accepted) > d) / len(steps) for d in range(1, depth + 1)]
+
+
+def machine_info(target) -> dict:
+    """Hardware, dtype, threads and versions, stated with the results."""
+    import transformers
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "model": target.name}
+    if target.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(target.device)
+    return info
+
+
+def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int,
+                      encode) -> list[GenerationResult]:
+    messages, results = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        ids = encode(target.tokenizer, messages)
+        sampling = SamplingConfig(temperature=cfg.temperature, seed=seed)
+        res = engine.generate(ids, cfg.max_new_tokens, sampling)
+        results.append(res)
+        messages.append({"role": "assistant", "content": res.text})
+    return results
+
+
+def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_dir: str | Path,
+              cfg: BenchConfig, progress: bool = True, extra_meta: dict | None = None) -> dict:
+    """Run the benchmark and write results.json, results.md and charts.html.
+
+    Args:
+        engines: method name -> Engine (the same target for all).
+    Returns:
+        the results dict written to results.json.
+    Raises:
+        ValueError: bad prompts file, or a method in ``cfg.methods`` without an engine.
+    """
+    from tqdm.auto import tqdm
+
+    from clover.models import encode_prompt
+
+    missing = [m for m in cfg.methods if m not in engines]
+    if missing:
+        raise ValueError(f"no engine for {missing}")
+    prompts = read_prompts(prompts_path)[: cfg.max_prompts]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    warm = prompts[0]["turns"][:1]
+    for m in cfg.methods:
+        for _ in range(cfg.warmup):
+            _run_conversation(engines[m], target, warm, BenchConfig(
+                methods=cfg.methods, max_new_tokens=min(16, cfg.max_new_tokens),
+                temperature=cfg.temperature), cfg.seed, encode_prompt)
+
+    records: list[RunRecord] = []
+    bar = tqdm(total=len(prompts) * cfg.repeats * len(cfg.methods), desc="bench", unit="run",
+               disable=not progress)
+    for r in range(cfg.repeats):
+        for i, p in enumerate(prompts):
+            plain_text = None
+            for m in cfg.methods:  # interleaved: A B C per prompt
+                bar.set_postfix(prompt=str(p["question_id"]), method=m)
+                seed = cfg.seed * 1_000_003 + r * 10_007 + i
+                results = _run_conversation(engines[m], target, p["turns"], cfg, seed, encode_prompt)
+                new = sum(len(x.token_ids) for x in results)
+                wall = sum(x.decode_s for x in results)
+                steps = sum(len(x.steps) for x in results)
+                heads = engines[m].heads
+                depth = heads.config.num_heads if heads is not None else 0
+                all_steps = [s for x in results for s in x.steps]
+                rec = RunRecord(
+                    question_id=str(p["question_id"]), category=p["category"] or "all", method=m,
+                    repeat=r, new_tokens=new, wall_s=wall,
+                    tokens_per_second=new / wall if wall > 0 else 0.0, steps=steps,
+                    mean_accepted_length=new / steps if steps else 0.0,
+                    acceptance_per_depth=acceptance_per_depth(results, depth),
+                    draft_ms=statistics.fmean(s.draft_ms for s in all_steps),
+                    verify_ms=statistics.fmean(s.verify_ms for s in all_steps),
+                    text=[x.text for x in results])
+                if m == "ar":
+                    plain_text = rec.text
+                if cfg.temperature == 0 and plain_text is not None:
+                    rec.matches_plain = rec.text == plain_text
+                records.append(rec)
+                bar.update(1)
+    bar.close()
+
+    results = {"meta": {**machine_info(target), **(extra_meta or {}),
+                        "prompts": str(prompts_path), "n_prompts": len(prompts),
+                        "config": asdict(cfg)},
+               "summary": summarize(records, cfg),
+               "runs": [asdict(x) for x in records]}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "results.md").write_text(markdown_tables(results))
+    write_charts(results, out_dir / "charts.html")
+    return results
+
+
+def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
+    """Per category (and "all") and method: mean tokens/s, accepted length, draft and
+    verify ms, speedup over plain (mean of per-prompt ratios) with min-max over repeats."""
+    plain = {(x.question_id, x.repeat): x for x in records if x.method == "ar"}
+    cats = sorted({x.category for x in records}) + ["all"]
+    out: dict = {}
+    for c in cats:
+        out[c] = {}
+        for m in cfg.methods:
+            rows = [x for x in records if x.method == m and (c == "all" or x.category == c)]
+            if not rows:
+                continue
+            entry = {"tokens_per_second": statistics.fmean(x.tokens_per_second for x in rows),
+                     "mean_accepted_length": sum(x.new_tokens for x in rows) / max(1, sum(x.steps for x in rows)),
+                     "draft_ms": statistics.fmean(x.draft_ms for x in rows),
+                     "verify_ms": statistics.fmean(x.verify_ms for x in rows),
+                     "runs": len(rows)}
+            depth = max(len(x.acceptance_per_depth) for x in rows)
+            if depth:
+                entry["acceptance_per_depth"] = [
+                    statistics.fmean(x.acceptance_per_depth[d] for x in rows if len(x.acceptance_per_depth) > d)
+                    for d in range(depth)]
+            if plain:
+                ratios_by_repeat: dict[int, list[float]] = {}
+                for x in rows:
+                    base = plain.get((x.question_id, x.repeat))
+                    if base and base.tokens_per_second > 0:
+                        ratios_by_repeat.setdefault(x.repeat, []).append(
+                            x.tokens_per_second / base.tokens_per_second)
+                per_repeat = [statistics.fmean(v) for v in ratios_by_repeat.values()]
+                if per_repeat:
+                    entry["speedup"] = statistics.fmean(per_repeat)
+                    entry["speedup_min"], entry["speedup_max"] = min(per_repeat), max(per_repeat)
+            if cfg.temperature == 0 and m != "ar":
+                flags = [x.matches_plain for x in rows if x.matches_plain is not None]
+                entry["all_match_plain"] = all(flags) if flags else None
+            out[c][m] = entry
+    return out
+
+
+def markdown_tables(results: dict) -> str:
+    """One Markdown table per category: tokens/s, accepted length, speedup (min-max)."""
+    meta = results["meta"]
+    lines = [f"# Benchmark: {meta['model']} on {meta['device']} ({meta['dtype']}, "
+             f"{meta['torch_threads']} threads)", "",
+             f"{meta['n_prompts']} prompts from `{meta['prompts']}`, "
+             f"max_new_tokens={meta['config']['max_new_tokens']}, "
+             f"temperature={meta['config']['temperature']}, repeats={meta['config']['repeats']}; "
+             f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['processor']}.", ""]
+    for cat, methods in results["summary"].items():
+        lines += [f"## {cat}", "", "| method | tokens/s | tokens/step | draft ms/step | verify ms/step "
+                  "| speedup vs plain (min-max) | same text as plain |", "|---|---|---|---|---|---|---|"]
+        for m, e in methods.items():
+            sp = (f"{e['speedup']:.2f}x ({e['speedup_min']:.2f}-{e['speedup_max']:.2f})"
+                  if "speedup" in e else "-")
+            same = {True: "yes", False: "NO", None: "-"}[e.get("all_match_plain")]
+            lines.append(f"| {m} | {e['tokens_per_second']:.1f} | {e['mean_accepted_length']:.2f} | "
+                         f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {same} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_charts(results: dict, path: Path) -> None:
+    """Plotly HTML: tokens/s and speedup per category, acceptance per depth."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    summary = results["summary"]
+    cats = list(summary)
+    methods = list(results["meta"]["config"]["methods"])
+    fig = make_subplots(rows=3, cols=1, vertical_spacing=0.12, subplot_titles=(
+        "Decoding speed per task category", "Speedup over plain decoding (same prompts, same run)",
+        "Acceptance rate per draft depth (all prompts)"))
+    colors = {"ar": "#999999", "medusa": "#E69F00", "clover": "#0072B2"}
+    for m in methods:
+        fig.add_trace(go.Bar(name=m, x=cats, y=[summary[c].get(m, {}).get("tokens_per_second") for c in cats],
+                             marker_color=colors.get(m), legendgroup=m), row=1, col=1)
+        sp = [summary[c].get(m, {}) for c in cats]
+        fig.add_trace(go.Bar(name=m, x=cats, y=[e.get("speedup") for e in sp], marker_color=colors.get(m),
+                             legendgroup=m, showlegend=False,
+                             error_y=dict(type="data", symmetric=False,
+                                          array=[(e.get("speedup_max", 0) - e.get("speedup", 0)) for e in sp],
+                                          arrayminus=[(e.get("speedup", 0) - e.get("speedup_min", 0)) for e in sp])),
+                      row=2, col=1)
+        acc = summary["all"].get(m, {}).get("acceptance_per_depth")
+        if acc:
+            fig.add_trace(go.Bar(name=m, x=[f"depth {d + 1}" for d in range(len(acc))], y=acc,
+                                 marker_color=colors.get(m), legendgroup=m, showlegend=False), row=3, col=1)
+    fig.update_yaxes(title_text="tokens / s", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
+    fig.update_yaxes(title_text="share of steps", range=[0, 1], row=3, col=1)
+    fig.update_layout(barmode="group", height=1000, title=f"clover bench: {results['meta']['model']} "
+                      f"on {results['meta']['device']}")
+    fig.write_html(str(path), include_plotlyjs=True)  # self-contained: opens offline

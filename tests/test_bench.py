@@ -1,0 +1,94 @@
+"""`clover bench` on a tiny random model: output files and their fields, not speeds."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clover.bench import BenchConfig
+from clover.cli import main
+from conftest import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-bench-model")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer(96).save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": 1, "category": "qa", "turns": ["t4 t5 t6"]},
+            {"question_id": 2, "category": "multi_turn", "turns": ["t7 t8", "t9 t10"]},
+            {"question_id": 3, "category": "qa", "turns": ["t11 t12 t13 t14"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+               "--repeats", "2", "--tree", "small", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    meta = res["meta"]
+    for key in ("platform", "torch_threads", "dtype", "torch", "transformers", "device", "model"):
+        assert key in meta
+    assert meta["config"]["methods"] == ["ar", "medusa", "clover"] and meta["n_prompts"] == 3
+    runs = res["runs"]
+    assert len(runs) == 3 * 2 * 3
+    # interleaved per prompt: A B C A B C
+    assert [r["method"] for r in runs[:6]] == ["ar", "medusa", "clover"] * 2
+    mt = next(r for r in runs if r["question_id"] == "2")
+    assert len(mt["text"]) == 2  # answered turn by turn
+    for r in runs:
+        assert r["new_tokens"] > 0 and r["wall_s"] > 0 and r["steps"] > 0
+        assert r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert r["mean_accepted_length"] >= 1.0
+        assert len(r["acceptance_per_depth"]) == (0 if r["method"] == "ar" else 3)
+        assert r["draft_ms"] >= 0 and r["verify_ms"] > 0
+        if r["method"] != "ar":
+            assert r["matches_plain"] is True  # greedy: every method's text equals plain
+    summary = res["summary"]
+    assert set(summary) == {"qa", "multi_turn", "all"}
+    for cat in summary.values():
+        assert cat["ar"]["speedup"] == pytest.approx(1.0)
+        assert cat["ar"]["speedup_min"] == pytest.approx(1.0)
+        for m in ("medusa", "clover"):
+            e = cat[m]
+            assert e["speedup_min"] <= e["speedup"] <= e["speedup_max"]
+            assert e["all_match_plain"] is True
+    md = (out / "results.md").read_text()
+    assert "## qa" in md and "## multi_turn" in md and "| clover |" in md and "speedup" in md
+    html = (out / "charts.html").read_text()
+    assert "plotly" in html.lower() and "Speedup over plain" in html
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["all"]["clover"]["all_match_plain"] is True
+
+
+def test_bench_reads_spec_bench_format(tiny_dir, tmp_path):
+    """The shared Spec-Bench file parses (only its first two questions are run)."""
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+    if not spec.is_file():
+        pytest.skip("../shared/data/spec_bench is not beside this checkout")
+    out = tmp_path / "sb"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(spec), "--max-prompts", "2",
+               "--methods", "ar,clover", "--max-new-tokens", "4", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["n_prompts"] == 2 and {r["method"] for r in res["runs"]} == {"ar", "clover"}
+
+
+def test_bench_config_errors(tiny_dir, prompts, tmp_path, capsys):
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchConfig(methods=("ar", "eagle"))
+    with pytest.raises(ValueError, match="without repeats"):
+        BenchConfig(methods=("ar", "ar"))
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--methods", "ar,eagle",
+               "--out", str(tmp_path / "x")])
+    assert rc == 2 and "unknown methods" in capsys.readouterr().err
