@@ -41,7 +41,8 @@ class DataConfig:
         max_new_tokens: cap per answer (per turn).
         batch_size: prompts answered together by ``generate`` (left padding).
         seed: base seed; each batch is seeded from it and its index.
-        max_prompts: use only the first N prompts (None = all).
+        max_prompts: use only the first N prompts, taken round-robin over categories
+            (None = all).
         records_per_shard: records per output file.
     """
 
@@ -87,10 +88,23 @@ def read_prompts(path: str | Path) -> list[dict]:
     return out
 
 
+def interleave_categories(prompts: list[dict]) -> list[dict]:
+    """Round-robin over categories (first-seen order), so any prefix is balanced."""
+    by_cat: dict[str, list[dict]] = {}
+    for p in prompts:
+        by_cat.setdefault(p["category"], []).append(p)
+    out, queues = [], [list(reversed(v)) for v in by_cat.values()]
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop())
+    return out
+
+
 def _jobs(prompts: list[dict], cfg: DataConfig) -> list[dict]:
     jobs = []
     for temp in cfg.temperatures:
-        for p in prompts[: cfg.max_prompts]:
+        for p in interleave_categories(prompts)[: cfg.max_prompts]:
             jobs.append({**p, "temperature": temp, "id": f"{p['question_id']}@t{temp:g}"})
     return jobs
 
