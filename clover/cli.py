@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--acceptance", choices=("auto", "greedy", "sample", "typical"), default="auto",
                    help="typical is Medusa's typical acceptance: faster but LOSSY")
-    g.add_argument("--tree", default=None,
-                   help="'dynamic', 'dynamic:budget=N,topk=K', a preset (chain2, chain3, "
-                        "small, medium) or JSON paths like '[[0],[1],[0,0]]'")
+    g.add_argument("--tree", default="auto",
+                   help="'auto' (default: size a dynamic tree to this machine), 'dynamic', "
+                        "'dynamic:budget=N,topk=K', a preset (chain2, chain3, small, medium) "
+                        "or JSON paths like '[[0],[1],[0,0]]'")
     g.add_argument("--num-heads", type=_positive_int, default=3,
                    help="heads to create when none are loaded")
     g.add_argument("--seed", type=int, default=None)
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--repeats", type=_positive_int, default=1)
-    b.add_argument("--tree", default=None, help="as for generate")
+    b.add_argument("--tree", default="auto", help="as for generate (default: auto, per method)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
@@ -202,7 +203,9 @@ def cmd_bench(args) -> int:
     heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
     engines = {m: Engine(target, load_method(m, target, heads_dirs.get(m)), tree) for m in cfg.methods}
     results = run_bench(target, engines, args.prompts, args.out, cfg,
-                        extra_meta={"tree": args.tree or "dynamic",
+                        extra_meta={"tree": args.tree,
+                                    "tree_budget": {m: e.tree.budget for m, e in engines.items()
+                                                    if e.heads is not None and e.tree.kind == "dynamic"},
                                     "heads": {m: heads_dirs.get(m) or "default" for m in cfg.methods if m != "ar"}})
     print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
     return 0

@@ -19,6 +19,7 @@ after ``max_new_tokens`` (never overshot) or once a stop string appears.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 import torch
@@ -37,7 +38,10 @@ class Engine:
     Args:
         target: the target model.
         heads: Medusa or Clover heads; None for plain autoregressive decoding.
-        tree: how each step's candidate tree is grown (ignored for plain decoding).
+        tree: how each step's candidate tree is grown (ignored for plain decoding). With
+            ``tree.auto`` the budget is tuned here, once, by timing this hardware
+            (``clover.autotree.auto_tree``; seconds on a CPU); the measurements are kept
+            in ``autotree_report``.
     Raises:
         ValueError: when the heads do not fit the target.
     """
@@ -52,6 +56,11 @@ class Engine:
         self.heads = heads
         self.tree = tree or TreeConfig()
         self.method = "ar" if heads is None else heads.config.kind
+        self.autotree_report = None
+        if self.tree.auto and heads is not None:
+            from clover.autotree import auto_tree
+
+            self.tree, self.autotree_report = auto_tree(target, heads, replace(self.tree, auto=False))
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
                sampling: SamplingConfig | None = None,

@@ -59,6 +59,8 @@ class TreeConfig:
         min_ratio: dynamic tree: a child is dropped when its draft probability is below
             ``min_ratio`` times its best sibling's.
         max_depth: deepest drafted level; None means one level per draft head.
+        auto: size ``budget`` to the hardware and heads when the engine is built
+            (``clover.autotree``); the other fields are the starting point.
     """
 
     kind: str = "dynamic"
@@ -68,10 +70,13 @@ class TreeConfig:
     top_p: float = 0.95
     min_ratio: float = 0.02
     max_depth: int | None = None
+    auto: bool = False
 
     def __post_init__(self):
         if self.kind not in ("static", "dynamic"):
             raise ValueError(f"tree kind must be 'static' or 'dynamic', got {self.kind!r}")
+        if self.auto and self.kind != "dynamic":
+            raise ValueError("only a dynamic tree can be sized automatically")
         if self.kind == "static":
             validate_paths(self.paths)
         else:
@@ -119,7 +124,8 @@ def validate_paths(paths) -> None:
 def parse_tree_spec(spec: str | None) -> TreeConfig:
     """Parse a tree spec from the CLI or the app.
 
-    Accepted forms: ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,topk=4"``
+    Accepted forms: ``"auto"`` (a dynamic tree sized when the engine is built),
+    ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,topk=4"``
     (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`
     (exact key), or a JSON path list such as ``"[[0],[1],[0,0]]"``.
 
@@ -129,6 +135,8 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
     if spec is None or spec.strip() == "" or spec.strip() == "dynamic":
         return TreeConfig()
     spec = spec.strip()
+    if spec == "auto":
+        return TreeConfig(auto=True)
     if spec in STATIC_TREES:
         return TreeConfig(kind="static", paths=STATIC_TREES[spec])
     if spec.startswith("["):
@@ -156,7 +164,7 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
                 raise ValueError(f"tree option {key} must be a {types[key].__name__}, got {value!r}") from None
         return TreeConfig(kind="dynamic", **kwargs)
     raise ValueError(
-        f"unknown tree spec {spec!r}: use 'dynamic', 'dynamic:budget=N,topk=K', "
+        f"unknown tree spec {spec!r}: use 'auto', 'dynamic', 'dynamic:budget=N,topk=K', "
         f"a JSON path list like '[[0],[1],[0,0]]', or one of {sorted(STATIC_TREES)}"
     )
 

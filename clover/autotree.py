@@ -1,0 +1,167 @@
+"""``--tree auto``: size the dynamic candidate tree to this hardware and these heads.
+
+Expected speed of a tree budget N (drafted nodes) is
+
+    tokens/s(N) = tau(N) / (draft_s(N) + verify_s(N))
+
+* verify_s(N): one target forward over N + 1 tree nodes on top of a KV cache, timed
+  here (the cost curve: nearly flat on a GPU, rising early on a CPU);
+* draft_s(N): the heads' drafting time for that budget, timed here;
+* tau(N): tokens per step the heads achieve with that budget. The dynamic tree keeps the
+  N best nodes by joint draft probability from a pool that does not depend on N, so one
+  large tree per position gives the tree of every smaller budget. On calibration text
+  (the target's own greedy answers to a few short prompts) the accepted length of every
+  budget is computed exactly, without a verification forward per budget.
+
+This is EAGLE-2's idea of choosing the total token count from measured cost and
+acceptance (arXiv 2406.16858 §5), applied per machine at load time.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from clover.cache import crop_cache, new_cache
+from clover.engine import Engine
+from clover.models import encode_prompt
+from clover.tree import Tree, TreeConfig, position_ids, tree_mask
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_PROMPTS = (
+    "Give three tips for staying focused while studying.",
+    "Translate to French: The library opens at nine in the morning.",
+    "Write a Python function that returns the largest number in a list.",
+)
+BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class AutoTreeReport:
+    """What ``auto_tree`` measured (per budget N: tau, draft and verify ms, tokens/s)."""
+
+    budgets: list[int]
+    tau: list[float]
+    draft_ms: list[float]
+    verify_ms: list[float]
+    plain_ms: float
+    chosen: int
+
+    def expected_speedup(self) -> list[float]:
+        """Expected speedup over plain decoding per budget."""
+        return [(t / (d + v)) / (1.0 / self.plain_ms)
+                for t, d, v in zip(self.tau, self.draft_ms, self.verify_ms)]
+
+
+def _accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
+    """Greedy tokens per step for the subtree ``keep`` (node ids, root included) when
+    the target's continuation is ``truth``: matched drafts + the bonus token."""
+    kids = tree.children()
+    node, n = 0, 0
+    tokens = tree.tokens.tolist()
+    while n < len(truth):
+        nxt = next((c for c in kids[node] if c in keep and tokens[c] == truth[n]), None)
+        if nxt is None:
+            break
+        node, n = nxt, n + 1
+    return n + 1
+
+
+def _budget_subtree(tree: Tree, budget: int) -> set[int]:
+    """Node ids of the best ``budget`` nodes by joint probability (a subtree)."""
+    joint = [1.0] * len(tree)
+    for i in range(1, len(tree)):
+        joint[i] = joint[tree.parents[i]] * tree.draft_probs[i]
+    order = sorted(range(1, len(tree)), key=lambda i: (-joint[i], tree.depths[i], i))
+    return {0, *order[:budget]}
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
+              prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 3,
+              prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
+    """Pick the dynamic tree budget that maximises expected tokens/s.
+
+    Args:
+        heads: Medusa or Clover heads (None returns ``base`` unchanged).
+        base: the dynamic TreeConfig whose ``budget`` is tuned (default TreeConfig()).
+        budgets: candidate budgets N (drafted nodes, root excluded).
+        tokens: calibration tokens generated per prompt.
+        prefix_len: cached prefix length for the timing forwards.
+    Returns:
+        (the chosen TreeConfig, the AutoTreeReport behind the choice).
+    """
+    base = base or TreeConfig()
+    if heads is None:
+        return base, AutoTreeReport([], [], [], [], 0.0, base.budget)
+    budgets = sorted(set(b for b in budgets if b >= 1))
+    big = replace(base, kind="dynamic", budget=max(budgets))
+    depth = heads.config.num_heads
+
+    # tau(N) from the calibration text
+    lengths = {b: [] for b in budgets}
+    with torch.inference_mode():
+        for p in prompts:
+            ids = encode_prompt(target.tokenizer, p)
+            answer = Engine(target).generate(ids, tokens).token_ids
+            seq = ids + answer
+            out = target.forward(torch.tensor([seq], device=target.device),
+                                 torch.arange(len(seq), device=target.device)[None], None, None)
+            drafter = heads.drafter(target, big)
+            drafter.observe(out.hidden_pre[: len(ids) - 1], out.hidden_post[: len(ids) - 1])
+            for pos in range(len(ids) - 1, len(seq) - 1):  # root = seq[pos]
+                tree = drafter.draft(seq[pos], depth)
+                truth = seq[pos + 1: pos + 1 + depth]
+                for b in budgets:
+                    lengths[b].append(_accepted_length(tree, _budget_subtree(tree, b), truth))
+                drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1])
+    tau = [statistics.fmean(lengths[b]) for b in budgets]
+
+    # cost curve on this hardware
+    ids = torch.randint(0, target.vocab_size, (1, prefix_len),
+                        generator=torch.Generator().manual_seed(0)).to(target.device)
+    with torch.inference_mode():
+        cache = new_cache(target.config)
+        out = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], None, cache,
+                             last_only=True)
+        drafter = heads.drafter(target, big)
+        drafter.observe(out.hidden_pre, out.hidden_post)
+
+        def verify(tree: Tree):
+            def run():
+                target.forward(tree.tokens.to(target.device)[None],
+                               position_ids(tree.depths, prefix_len, target.device),
+                               tree_mask(tree.parents, prefix_len, target.dtype, target.device)
+                               if len(tree) > 1 else None, cache)
+                crop_cache(cache, prefix_len)
+            return run
+
+        root = int(ids[0, -1])
+        plain_ms = _time(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
+        draft_ms, verify_ms = [], []
+        for b in budgets:
+            drafter.tree = replace(big, budget=b)
+            tree = drafter.draft(root, depth)
+            draft_ms.append(_time(lambda: drafter.draft(root, depth), repeats))
+            verify_ms.append(_time(verify(tree), repeats))
+    speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
+    best = max(range(len(budgets)), key=lambda i: speed[i])
+    report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, budgets[best])
+    log.info("auto tree: budget %d (tau %.2f, %.1f + %.1f ms/step; plain %.1f ms/token)",
+             budgets[best], tau[best], draft_ms[best], verify_ms[best], plain_ms)
+    return replace(base, kind="dynamic", budget=budgets[best]), report

@@ -1,0 +1,58 @@
+"""``--tree auto``: exact accepted lengths per budget and a sensible choice."""
+from __future__ import annotations
+
+import torch
+
+from clover import Engine, TreeConfig, new_heads, parse_tree_spec
+from clover.autotree import _accepted_length, _budget_subtree, auto_tree
+from clover.tree import Tree, grow_dynamic
+from conftest import perturb, tiny_target
+
+
+def test_budget_subtree_equals_growing_with_that_budget():
+    """The best-N subtree of a big dynamic tree is the tree grown with budget N."""
+    def expand(depth, ids, parents, tokens):
+        g = torch.Generator().manual_seed(depth * 1000 + sum(tokens))
+        return torch.softmax(3 * torch.randn(len(ids), 30, generator=g), -1)
+
+    big = grow_dynamic(0, TreeConfig(budget=40, topk=3), expand, 4)
+    for b in (1, 3, 7, 15):
+        small = grow_dynamic(0, TreeConfig(budget=b, topk=3), expand, 4)
+        keep = _budget_subtree(big, b)
+        paths_big = {_path(big, i) for i in keep}
+        paths_small = {_path(small, i) for i in range(len(small))}
+        assert paths_big == paths_small
+
+
+def _path(tree: Tree, i: int) -> tuple:
+    out = []
+    while i > 0:
+        out.append(int(tree.tokens[i]))
+        i = tree.parents[i]
+    return tuple(reversed(out))
+
+
+def test_accepted_length_counts_matches_plus_bonus():
+    tree = Tree(torch.tensor([9, 1, 2, 3, 4]), [-1, 0, 0, 2, 3], [0, 1, 1, 2, 3], [1, .6, .4, .5, .5])
+    assert _accepted_length(tree, {0, 1, 2, 3, 4}, [2, 3, 4]) == 4
+    assert _accepted_length(tree, {0, 1, 2, 3}, [2, 3, 4]) == 3
+    assert _accepted_length(tree, {0, 1, 2, 3, 4}, [1, 3]) == 2
+    assert _accepted_length(tree, {0, 1}, [7]) == 1
+
+
+def test_auto_tree_on_a_tiny_model():
+    target = tiny_target("llama")
+    target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
+    heads = perturb(new_heads("clover", target), 0.1)
+    cfg, report = auto_tree(target, heads, budgets=(1, 4, 16), tokens=8, repeats=1, prefix_len=16)
+    assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16)
+    assert len(report.tau) == 3 and all(t >= 1.0 for t in report.tau)
+    assert report.tau == sorted(report.tau)  # a bigger tree never accepts less
+    assert all(v > 0 for v in report.verify_ms) and report.plain_ms > 0
+    speed = [t / (d + v) for t, d, v in zip(report.tau, report.draft_ms, report.verify_ms)]
+    assert speed[report.budgets.index(report.chosen)] == max(speed)
+    # the engine tunes at construction with tree "auto", and stays lossless
+    engine = Engine(target, heads, parse_tree_spec("auto"))
+    assert engine.autotree_report is not None and not engine.tree.auto
+    prompt = [5, 6, 7, 8]
+    assert engine.generate(prompt, 12).token_ids == Engine(target).generate(prompt, 12).token_ids
