@@ -116,6 +116,8 @@ def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list
             continue
         (held if is_heldout(r["question_id"], cfg.heldout_percent) else train).append(
             {"input_ids": ids, "loss_mask": mask})
+    for i, r in enumerate(train):
+        r["key"] = i
     if not train:
         raise ValueError(f"no training records in {data_dir}; run `clover data` first")
     return train, held
@@ -144,7 +146,38 @@ def target_hidden(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return pre, post
 
 
-def sample_positions(mask: torch.Tensor, k: int, n: int, gen: torch.Generator):
+class HiddenCache:
+    """The frozen target's hidden states per conversation, computed once and kept in
+    host memory, so later epochs and the second method skip the target forward.
+
+    Stores (T_i, D) pre-norm states per conversation index; the normed states are
+    recomputed with the target's final norm (cheap).
+    """
+
+    def __init__(self, target, enabled: bool = True):
+        self.target, self.enabled = target, enabled
+        self.store: dict[int, torch.Tensor] = {}
+
+    def __call__(self, keys: list[int], ids: torch.Tensor, lengths: list[int]):
+        """(B, T, D) pre and post states for a right-padded batch ``ids``."""
+        if not self.enabled:
+            return target_hidden(self.target, ids)
+        todo = [i for i, k in enumerate(keys) if k not in self.store]
+        if todo:
+            width = max(lengths[i] for i in todo)
+            pre, _ = target_hidden(self.target, ids[todo, :width])
+            for j, i in enumerate(todo):
+                self.store[keys[i]] = pre[j, : lengths[i]].cpu()
+        B, T = ids.shape
+        pre = torch.zeros(B, T, self.target.hidden_size, dtype=self.target.dtype, device=ids.device)
+        for i, k in enumerate(keys):
+            pre[i, : lengths[i]] = self.store[k].to(ids.device)
+        with torch.no_grad():
+            post = self.target.final_norm(pre)
+        return pre, post
+
+
+def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
     """Positions s whose token s+2 is an answer token (head 1 has a target); at most n
     per row (n = 0: all). Returns (rows, cols) long tensors of equal length M."""
     valid = torch.zeros_like(mask)
@@ -180,15 +213,17 @@ def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols):
     return outs
 
 
-def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int):
+def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int, hidden=None):
     """Weighted soft cross-entropy over heads, plus per-head top-1/top-5 counts.
+
+    ``hidden``: the batch's (pre, post) target states when already known.
 
     Returns:
         (loss scalar, per head k a list [positions, top1 hits, top5 hits, cross-entropy
         sum, KL(target || head) sum]).
     """
-    pre, post = target_hidden(target, ids)
-    rows, cols = sample_positions(mask, 1, n_positions, gen)
+    pre, post = hidden if hidden is not None else target_hidden(target, ids)
+    rows, cols = sample_positions(mask, n_positions, gen)
     outs = head_outputs(heads, target, ids, pre, post, rows, cols)
     T = ids.shape[1]
     loss = torch.zeros((), device=ids.device)
@@ -250,11 +285,13 @@ def lr_lambda(cfg: TrainConfig):
 
 
 def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
-          resume: bool = True, progress: bool = True) -> dict:
+          resume: bool = True, progress: bool = True, cache_hidden: bool = True) -> dict:
     """Train heads for ``target`` and save them to ``out_dir``.
 
     Checkpoints go to ``out_dir/checkpoint`` every ``save_every`` steps; with ``resume``
-    a later call continues from there. The final heads are written with
+    a later call continues from there. With ``cache_hidden`` the target's hidden states
+    are kept in host memory after their first use (about T x D x 4 bytes per
+    conversation). The final heads are written with
     ``save_pretrained`` plus ``training.json`` (config, evaluations, wall time).
 
     Returns:
@@ -297,6 +334,7 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
         sched.load_state_dict(saved["scheduler"])
     heads, opt = accelerator.prepare(heads, opt)
     raw = accelerator.unwrap_model(heads)
+    hidden = HiddenCache(target, enabled=cache_hidden)
     rng = random.Random(cfg.seed * 7919 + state["step"])
     gen = torch.Generator().manual_seed(cfg.seed * 104729 + state["step"])
 
@@ -311,9 +349,10 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
     while state["step"] < cfg.steps:
         batch = rng.sample(train_set, min(cfg.batch_size, len(train_set)))
         ids, mask = collate(batch, pad)
+        ids, mask = ids.to(target.device), mask.to(target.device)
+        states = hidden([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
         with accelerator.autocast():
-            loss, stats = batch_loss(raw, target, ids.to(target.device), mask.to(target.device),
-                                     cfg, gen, cfg.positions)
+            loss, stats = batch_loss(raw, target, ids, mask, cfg, gen, cfg.positions, states)
         accelerator.backward(loss)
         opt.step()
         sched.step()

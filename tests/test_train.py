@@ -147,3 +147,20 @@ def test_presets_by_exact_key():
     assert (p.steps, p.batch_size, p.positions, p.lr) == (m.steps, m.batch_size, m.positions, m.lr)
     with pytest.raises(ValueError, match="unknown preset"):
         preset("smollm2")
+
+
+def test_hidden_cache_matches_a_fresh_forward():
+    from clover.train import HiddenCache, collate, target_hidden
+
+    target = tiny_target("llama")
+    recs = [{"input_ids": list(range(4, 4 + n)), "loss_mask": [1] * n} for n in (5, 9, 3)]
+    ids, _ = collate(recs, 0)
+    cache = HiddenCache(target)
+    first = cache([0, 1, 2], ids, [5, 9, 3])
+    ids2, _ = collate([recs[2], recs[0]], 0)
+    again = cache([2, 0], ids2, [3, 5])  # served from the store, in another batch
+    direct = target_hidden(target, ids)
+    for got, want in ((first[0][1, :9], direct[0][1, :9]), (again[0][1, :5], direct[0][0, :5]),
+                      (again[1][0, :3], direct[1][2, :3])):
+        assert torch.allclose(got, want, atol=1e-5)
+    assert len(cache.store) == 3
