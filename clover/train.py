@@ -56,6 +56,8 @@ class TrainConfig:
         heldout_percent: share of question ids (by hash) kept for evaluation.
         seed: seeds sampling of batches and positions and head initialisation.
         mixed_precision: accelerate's "no", "bf16" or "fp16" (GPU only).
+        draft_vocab: V', draft only among the V' tokens most frequent in the training
+            answers (0 = the whole vocabulary); see ``HeadConfig.draft_vocab_size``.
     """
 
     method: str = "clover"
@@ -76,6 +78,7 @@ class TrainConfig:
     heldout_percent: int = 4
     seed: int = 0
     mixed_precision: str = "no"
+    draft_vocab: int = 0
 
     def __post_init__(self):
         if self.method not in ("medusa", "clover"):
@@ -87,14 +90,18 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 < self.decay <= 1 or self.lr <= 0:
             raise ValueError("decay must be in (0, 1] and lr > 0")
+        if self.draft_vocab < 0:
+            raise ValueError("draft_vocab must be >= 0")
         if not 0 <= self.heldout_percent < 100:
             raise ValueError("heldout_percent must be in [0, 100)")
 
 
 # Named presets, found by exact key. Medusa and Clover share data, steps and budget.
 PRESETS: dict[str, TrainConfig] = {
-    "smollm2-medusa": TrainConfig(method="medusa", steps=1500, batch_size=8, positions=64),
-    "smollm2-clover": TrainConfig(method="clover", steps=1500, batch_size=8, positions=64),
+    "smollm2-medusa": TrainConfig(method="medusa", steps=1500, batch_size=8, positions=64,
+                                  draft_vocab=8192),
+    "smollm2-clover": TrainConfig(method="clover", steps=1500, batch_size=8, positions=64,
+                                  draft_vocab=8192),
 }
 
 
@@ -121,6 +128,17 @@ def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list
     if not train:
         raise ValueError(f"no training records in {data_dir}; run `clover data` first")
     return train, held
+
+
+def frequent_tokens(records: list[dict], n: int, vocab_size: int, always=()) -> list[int]:
+    """Sorted ids of ``always`` (e.g. EOS) plus the most frequent answer tokens (ties by
+    id), filled up with the lowest unused ids when the data has fewer than ``n``."""
+    from collections import Counter
+
+    counts = Counter(t for r in records for t, m in zip(r["input_ids"], r["loss_mask"]) if m)
+    ranked = [t for t, _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
+    chosen = list(dict.fromkeys(list(always) + ranked + list(range(vocab_size))))
+    return sorted(chosen[: min(n, vocab_size)])
 
 
 def collate(records: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,13 +211,13 @@ def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
 
 
 def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols):
-    """Per head k: draft logits (M, V) and pre-lm_head hidden (M, D) at positions s."""
+    """Per head k: draft logits (M, V') and pre-lm_head hidden (M, D) at positions s."""
     outs = []
     if heads.config.kind == "medusa":
         h = post[rows, cols]
         for k in range(heads.config.num_heads):
             z = heads.blocks[k](h)
-            logits = heads.lm_heads[k](z) if heads.lm_heads is not None else target.head_logits(z)
+            logits = heads.lm_heads[k](z) if heads.lm_heads is not None else heads.vocab_logits(z, target)
             outs.append((logits, z))
     else:
         h0 = heads.augment_hidden(pre, None, 0)  # (B, T, D)
@@ -209,12 +227,19 @@ def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols):
             tok = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}
             h = heads.decoder(h, heads.regressive_embedding(tok, target))
             z = heads.mlps[k](h)
-            outs.append((target.head_logits(target.final_norm(z)), z))
+            outs.append((heads.vocab_logits(target.final_norm(z), target), z))
     return outs
 
 
-def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int, hidden=None):
+def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int, hidden=None,
+               exact_metrics: bool = False):
     """Weighted soft cross-entropy over heads, plus per-head top-1/top-5 counts.
+
+    The teacher is the target's distribution over the heads' draft vocabulary (the
+    whole vocabulary when they have none). Accuracy counts a hit when the head's top-1
+    (top-5) draft token is the target's own greedy next token; with ``exact_metrics``
+    that token is taken over the whole vocabulary (a target token outside the draft
+    vocabulary is a miss), else over the draft vocabulary (cheaper, for progress bars).
 
     ``hidden``: the batch's (pre, post) target states when already known.
 
@@ -236,7 +261,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             continue
         tgt = tgt[ok]
         with torch.no_grad():
-            teacher = torch.softmax(target.head_logits(post[rows[ok], tgt]).float(), dim=-1)
+            teacher = torch.softmax(heads.vocab_logits(post[rows[ok], tgt], target).float(), dim=-1)
         logp = torch.log_softmax(logits[ok].float(), dim=-1)
         ce = -(teacher * logp).sum(-1)  # (M,)
         weight = cfg.decay ** k
@@ -247,6 +272,9 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         with torch.no_grad():
             best = teacher.argmax(-1)
             top5 = logp.topk(5, dim=-1).indices
+            if exact_metrics and heads.draft_vocab is not None:
+                best = target.head_logits(post[rows[ok], tgt]).argmax(-1)
+                top5 = heads.draft_vocab[top5]
             entropy = -(teacher * torch.log(teacher.clamp_min(1e-30))).sum(-1)
             stats.append([int(ok.sum()), int((top5[:, 0] == best).sum()),
                           int((top5 == best[:, None]).any(-1).sum()), float(ce.sum()),
@@ -262,7 +290,8 @@ def evaluate(heads, target, records, cfg: TrainConfig, pad: int) -> dict:
     with torch.no_grad():
         for i in range(0, min(len(records), cfg.eval_conversations), 4):
             ids, mask = collate(records[i: i + 4], pad)
-            _, stats = batch_loss(heads, target, ids.to(target.device), mask.to(target.device), cfg, gen, 0)
+            _, stats = batch_loss(heads, target, ids.to(target.device), mask.to(target.device), cfg, gen, 0,
+                                  exact_metrics=True)
             for t, s in zip(totals, stats):
                 for j in range(5):
                     t[j] += s[j]
@@ -317,7 +346,9 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
         heads = load_heads(ckpt, target)
         log.info("resuming from step %d", state["step"])
     else:
-        heads = new_heads(cfg.method, target, num_heads=cfg.num_heads)
+        vocab = (frequent_tokens(train_set, cfg.draft_vocab, target.vocab_size,
+                                 sorted(target.eos_token_ids)) if cfg.draft_vocab else None)
+        heads = new_heads(cfg.method, target, num_heads=cfg.num_heads, draft_vocab=vocab)
     heads.requires_grad_(True).train()
     for p in heads.parameters():
         if p.dtype != torch.float32:

@@ -26,8 +26,10 @@ from typing import Callable
 import torch
 
 # expand(depth, node_ids, parent_ids, node_tokens) -> draft probabilities of the children
-# of those nodes, a float tensor (n, V). ``depth`` is the depth of the expanded nodes
-# (0 = root). Node ids are unique within one growth; the root is 0 and its parent -1.
+# of those nodes, a float tensor (n, V') over the draft vocabulary (column j is token
+# ``vocab[j]``, or token j when the growth is given no ``vocab``). ``depth`` is the depth
+# of the expanded nodes (0 = root). Node ids are unique within one growth; the root is 0
+# and its parent -1.
 ExpandFn = Callable[[int, list[int], list[int], list[int]], torch.Tensor]
 
 # Named static trees, found by exact key.
@@ -238,7 +240,16 @@ def position_ids(depths: list[int], prefix_len: int, device) -> torch.Tensor:
     return (torch.tensor(depths, device=device) + prefix_len).unsqueeze(0)
 
 
-def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int) -> Tree:
+def _top(dist: torch.Tensor, k: int, vocab: torch.Tensor | None):
+    """Top-k probabilities and token ids per row, as Python lists (one host sync)."""
+    top_p, top_i = dist.topk(k, dim=-1)
+    if vocab is not None:
+        top_i = vocab[top_i]
+    return top_p.tolist(), top_i.tolist()
+
+
+def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int,
+                vocab: torch.Tensor | None = None) -> Tree:
     """Grow a static tree from Medusa-style paths, one ``expand`` call per depth.
 
     Paths deeper than ``max_depth`` are dropped.
@@ -260,8 +271,7 @@ def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int) -> Tre
         k = max(p[-1] for p in level) + 1
         if k > dist.shape[-1]:
             raise ValueError(f"tree rank {k - 1} exceeds the vocabulary size {dist.shape[-1]}")
-        top_p, top_t = dist.topk(k, dim=-1)  # (n, k)
-        top_p, top_t = top_p.tolist(), top_t.tolist()
+        top_p, top_t = _top(dist, k, vocab)  # (n, k) each
         row = {p: r for r, p in enumerate(parent_paths)}
         for p in level:
             r = row[p[:-1]]
@@ -273,7 +283,8 @@ def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int) -> Tre
     return Tree(torch.tensor(tokens), parents, depths, probs)
 
 
-def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int) -> Tree:
+def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int,
+                 vocab: torch.Tensor | None = None) -> Tree:
     """Grow a dynamic tree by joint draft probability (EAGLE-2 style, Clover-1 sampler).
 
     Per depth: expand the frontier (at most ``cfg.topk`` nodes), propose each node's top
@@ -290,9 +301,7 @@ def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: 
             break
         dist = expand(d, [f[0] for f in frontier], [f[1] for f in frontier],
                       [f[2] for f in frontier])  # (n, V)
-        k = min(cfg.topk, dist.shape[-1])
-        top_p, top_t = dist.topk(k, dim=-1)
-        top_p, top_t = top_p.tolist(), top_t.tolist()
+        top_p, top_t = _top(dist, min(cfg.topk, dist.shape[-1]), vocab)
         level = []
         for (pid, _, _, joint), ps, ts in zip(frontier, top_p, top_t):
             cum = 0.0
@@ -320,12 +329,14 @@ def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: 
     return Tree(torch.tensor(tokens), parents, depths, probs)
 
 
-def grow_tree(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int) -> Tree:
-    """Grow a tree of either kind; ``max_depth`` caps the drafted depth (>= 0)."""
+def grow_tree(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int,
+              vocab: torch.Tensor | None = None) -> Tree:
+    """Grow a tree of either kind; ``max_depth`` caps the drafted depth (>= 0);
+    ``vocab`` maps draft-vocabulary columns to token ids (None: the full vocabulary)."""
     if cfg.max_depth is not None:
         max_depth = min(max_depth, cfg.max_depth)
     if max_depth <= 0:
         return root_only(root_token)
     if cfg.kind == "static":
-        return grow_static(root_token, cfg.paths, expand, max_depth)
-    return grow_dynamic(root_token, cfg, expand, max_depth)
+        return grow_static(root_token, cfg.paths, expand, max_depth, vocab)
+    return grow_dynamic(root_token, cfg, expand, max_depth, vocab)

@@ -124,3 +124,34 @@ def test_from_pretrained_checks_kind(tmp_path):
     assert isinstance(MedusaHeads.from_pretrained(tmp_path, target), MedusaHeads)
     with pytest.raises(ValueError, match="holds medusa heads, not clover"):
         CloverHeads.from_pretrained(tmp_path, target)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+def test_draft_vocabulary(kind, tmp_path):
+    target = tiny_target("llama")
+    vocab = [1, 5, 9, 17, 33, 40, 41, 80]
+    heads = perturb(new_heads(kind, target, draft_vocab=reversed(vocab), own_lm_head=False)
+                    if kind == "medusa" else new_heads(kind, target, draft_vocab=vocab), 0.1)
+    assert heads.draft_vocab.tolist() == vocab and heads.config.draft_vocab_size == 8
+    h = torch.randn(3, target.hidden_size)
+    assert torch.allclose(heads.vocab_logits(h, target), target.head_logits(h)[:, vocab], atol=1e-6)
+    # drafted trees use only draft-vocabulary tokens
+    from clover import Engine, TreeConfig
+    engine = Engine(target, heads, TreeConfig(budget=12, topk=3))
+    run = engine.stream([4, 5, 6], 10)
+    for step in run:
+        assert all(n.token_id in vocab for n in step.nodes[1:])
+    assert run.result.token_ids == Engine(target).generate([4, 5, 6], 10).token_ids
+    heads.save_pretrained(tmp_path)
+    again = load_heads(tmp_path, target)
+    assert again.draft_vocab.tolist() == vocab
+    assert torch.equal(again.vocab_logits(h, target), heads.vocab_logits(h, target))
+    with pytest.raises(ValueError, match="distinct draft token ids"):
+        heads.set_draft_vocab([1, 2])
+
+
+def test_medusa_own_lm_head_over_draft_vocabulary():
+    target = tiny_target("llama")
+    heads = new_heads("medusa", target, num_heads=2, own_lm_head=True, draft_vocab=[3, 4, 5, 70])
+    assert heads.lm_heads[0].weight.shape == (4, target.hidden_size)
+    assert torch.equal(heads.lm_heads[1].weight, target.lm_head.weight[[3, 4, 5, 70]])

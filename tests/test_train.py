@@ -164,3 +164,24 @@ def test_hidden_cache_matches_a_fresh_forward():
                       (again[1][0, :3], direct[1][2, :3])):
         assert torch.allclose(got, want, atol=1e-5)
     assert len(cache.store) == 3
+
+
+def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
+    from clover.train import frequent_tokens
+
+    recs = [{"input_ids": [5, 5, 6, 7, 7, 7], "loss_mask": [0, 1, 1, 1, 1, 1]}]
+    assert frequent_tokens(recs, 3, 96, always=[1]) == [1, 5, 7]
+    assert frequent_tokens(recs, 5, 96) == [0, 1, 5, 6, 7]
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=2, steps=3, batch_size=2, heldout_percent=0,
+                      draft_vocab=16, eval_every=0)
+    train(target, data, tmp_path / "heads", cfg, progress=False)
+    heads = load_heads(tmp_path / "heads", target)
+    vocab = heads.draft_vocab.tolist()
+    assert len(vocab) == 16 and 1 in vocab and vocab == sorted(vocab)
+    train_set, _ = load_split(data, cfg)
+    assert vocab == frequent_tokens(train_set, 16, 96, always=[1])
+    ev = evaluate(heads, target, train_set, cfg, 1)
+    assert 0 <= ev["head1"]["top1"] <= ev["head1"]["top5"] <= 1

@@ -13,14 +13,22 @@ log = logging.getLogger(__name__)
 METHODS = ("ar", "medusa", "clover")
 
 
-def new_heads(kind: str, target, num_heads: int = 3, **config) -> DraftHeads:
+def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config) -> DraftHeads:
     """Freshly initialised heads of ``kind`` sized for ``target`` (they run, guessing badly).
 
+    Args:
+        draft_vocab: token ids the heads may draft (None: the whole vocabulary).
+        config: further HeadConfig fields (e.g. ``own_lm_head=True`` for Medusa).
     Raises:
         ValueError: for an unknown kind or bad sizes.
     """
+    if draft_vocab is not None:
+        draft_vocab = sorted(set(int(t) for t in draft_vocab))
+        config["draft_vocab_size"] = len(draft_vocab)
     cfg = HeadConfig.for_target(kind, target, num_heads=num_heads, **config)
     heads = CloverHeads(cfg, target.config) if kind == "clover" else MedusaHeads(cfg)
+    if draft_vocab is not None:
+        heads.set_draft_vocab(draft_vocab)
     return heads.init_from_target(target).to(device=target.device, dtype=target.dtype).eval()
 
 

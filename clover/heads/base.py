@@ -43,6 +43,11 @@ class HeadConfig:
         own_lm_head: Medusa only: give each head its own vocabulary projection instead
             of sharing the frozen lm_head.
         norm_eps: epsilon of Clover's RMSNorm.
+        draft_vocab_size: V', heads draft only among these many tokens (the most
+            frequent in the training data; their ids are saved with the weights), which
+            cuts the vocabulary projection, the largest drafting cost, by V / V'
+            (FR-Spec, arXiv 2502.14856). 0 = the full vocabulary. Drafts are only
+            proposals, so this never changes the output.
     """
 
     kind: str
@@ -54,12 +59,15 @@ class HeadConfig:
     num_attention_heads: int = 1
     own_lm_head: bool = False
     norm_eps: float = 1e-6
+    draft_vocab_size: int = 0
 
     def __post_init__(self):
         if self.kind not in ("medusa", "clover"):
             raise ValueError(f"unknown head kind {self.kind!r}; use 'medusa' or 'clover'")
         if self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
+        if self.draft_vocab_size < 0 or (self.vocab_size and self.draft_vocab_size > self.vocab_size):
+            raise ValueError(f"draft_vocab_size must be in [0, vocab_size], got {self.draft_vocab_size}")
         if self.num_attention_heads < 1 or (self.hidden_size and self.hidden_size % self.num_attention_heads):
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})"
@@ -134,6 +142,42 @@ class DraftHeads(nn.Module):
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
+        else:
+            self.draft_vocab = None
+        self._vocab_weight = None  # (V', D) rows of the frozen lm_head, built lazily
+
+    def set_draft_vocab(self, token_ids) -> None:
+        """Choose the V' draft tokens (sorted ids; e.g. the most frequent in the data).
+
+        Raises:
+            ValueError: when the heads have no draft vocabulary or the size differs.
+        """
+        ids = torch.as_tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long)
+        if self.draft_vocab is None or len(ids) != self.config.draft_vocab_size:
+            raise ValueError(f"expected {self.config.draft_vocab_size} distinct draft token ids, got {len(ids)}")
+        self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+        self._vocab_weight = None
+
+    def vocab_logits(self, h: torch.Tensor, target) -> torch.Tensor:
+        """The frozen lm_head over the draft vocabulary: (..., D) -> (..., V').
+
+        Column j is token ``draft_vocab[j]`` (token j without a draft vocabulary).
+        """
+        if self.draft_vocab is None:
+            return target.head_logits(h)
+        w = target.lm_head.weight
+        if self._vocab_weight is None or self._vocab_weight.device != w.device or \
+                self._vocab_weight.dtype != w.dtype:
+            self._vocab_weight = w.detach()[self.draft_vocab.to(w.device)]  # (V', D)
+        out = nn.functional.linear(h, self._vocab_weight)
+        bias = getattr(target.lm_head, "bias", None)
+        return out if bias is None else out + bias[self.draft_vocab.to(bias.device)]
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        self._vocab_weight = None
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def drafter(self, target, tree: TreeConfig) -> Drafter:  # pragma: no cover - abstract
         raise NotImplementedError

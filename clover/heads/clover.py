@@ -138,10 +138,10 @@ class CloverHeads(DraftHeads):
             tokens: (n,) the tokens chosen for the previous depth.
             head: 0-based head index i-1.
         Returns:
-            (h_i (n, D), logits (n, V)) for the next depth.
+            (h_i (n, D), logits (n, V') over the draft vocabulary) for the next depth.
         """
         h = self.decoder(h_prev, self.regressive_embedding(tokens, target))
-        logits = target.head_logits(target.final_norm(self.mlps[head](h)))
+        logits = self.vocab_logits(target.final_norm(self.mlps[head](h)), target)
         return h, logits
 
     def drafter(self, target, tree: TreeConfig) -> "CloverDrafter":
@@ -177,4 +177,5 @@ class CloverDrafter:
                 states[nid] = h[i]
             return torch.softmax(logits.float(), dim=-1)  # (n, V)
 
-        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads))
+        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
+                         self.heads.draft_vocab)

@@ -25,7 +25,7 @@ class MedusaHeads(DraftHeads):
 
     def __init__(self, config: HeadConfig):
         super().__init__(config)
-        d, v = config.hidden_size, config.vocab_size
+        d, v = config.hidden_size, config.draft_vocab_size or config.vocab_size
         self.blocks = nn.ModuleList([ResBlock(d) for _ in range(config.num_heads)])
         self.lm_heads = (nn.ModuleList([nn.Linear(d, v, bias=False) for _ in range(config.num_heads)])
                          if config.own_lm_head else None)
@@ -34,8 +34,9 @@ class MedusaHeads(DraftHeads):
         """Own projections (when configured) start as copies of the target's lm_head."""
         if self.lm_heads is not None:
             with torch.no_grad():
+                w = target.lm_head.weight
                 for head in self.lm_heads:
-                    head.weight.copy_(target.lm_head.weight)
+                    head.weight.copy_(w if self.draft_vocab is None else w[self.draft_vocab])
         return self
 
     def forward(self, hidden_post: torch.Tensor, target) -> torch.Tensor:
@@ -44,13 +45,14 @@ class MedusaHeads(DraftHeads):
         Args:
             hidden_post: (..., D) normed last hidden states of the target.
         Returns:
-            (..., K, V) logits; head k (index k-1) predicts the token k positions after
-            the token that ``hidden_post`` predicts.
+            (..., K, V') logits over the draft vocabulary (V' = V without one); head k
+            (index k-1) predicts the token k positions after the token that
+            ``hidden_post`` predicts.
         """
         outs = []
         for k, block in enumerate(self.blocks):
             h = block(hidden_post)
-            outs.append(self.lm_heads[k](h) if self.lm_heads is not None else target.head_logits(h))
+            outs.append(self.lm_heads[k](h) if self.lm_heads is not None else self.vocab_logits(h, target))
         return torch.stack(outs, dim=-2)
 
     def drafter(self, target, tree: TreeConfig) -> "MedusaDrafter":
@@ -75,4 +77,5 @@ class MedusaDrafter:
         def expand(depth, node_ids, parent_ids, tokens):
             return probs[depth].expand(len(node_ids), -1)  # (n, V)
 
-        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads))
+        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
+                         self.heads.draft_vocab)

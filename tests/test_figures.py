@@ -1,0 +1,279 @@
+"""app.figures and app.metrics: tree layout, colours and shapes, escaping, bars, histogram,
+race and text marks, from hand-made traces and from a trace recorded on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import figures, metrics
+from app.metrics import ACCEPTED, BONUS, REJECTED, ROOT
+from clover import Engine
+from clover.trace import StepTrace, TreeNode
+from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
+
+OKABE_ITO = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00",
+             "#CC79A7"}
+
+
+def node(i, parent, depth, p, text, target_p=0.5, token=None):
+    return TreeNode(i, 100 + i if token is None else token, text, parent, depth, p, target_p)
+
+
+def hand_step(step=0, total=3) -> StepTrace:
+    """root 'A' -> {2: '\\n' (0.7) -> {4: ' d' (0.9) -> {5: '<x>'}, 3: 'c' (0.5)}, 1: ' b' (0.2)};
+    accepted 0 -> 2 -> 4, bonus '!'."""
+    nodes = [node(0, -1, 0, 1.0, "A", 1.0), node(1, 0, 1, 0.2, " b", 0.01),
+             node(2, 0, 1, 0.7, "\n", 0.9), node(3, 2, 2, 0.5, "c", 0.05),
+             node(4, 2, 2, 0.9, " d", 0.8), node(5, 4, 3, 0.6, "<x>", 0.1)]
+    return StepTrace(step=step, nodes=nodes, accepted=[0, 2, 4], bonus_token=7, bonus_text="!",
+                     new_tokens=[102, 104, 7], accepted_length=3, draft_ms=2.0, verify_ms=8.0,
+                     total_tokens=total)
+
+
+def plain_step(step, total, ms=5.0, text="x") -> StepTrace:
+    return StepTrace(step=step, nodes=[node(0, -1, 0, 1.0, "r", 1.0)], accepted=[0],
+                     bonus_token=9, bonus_text=text, new_tokens=[9], accepted_length=1,
+                     draft_ms=0.0, verify_ms=ms, total_tokens=total)
+
+
+def chain_step(step, total, accepted_depth, drafted_depth=3, ms=10.0) -> StepTrace:
+    """A chain of ``drafted_depth`` drafts of which the first ``accepted_depth`` are accepted."""
+    nodes = [node(0, -1, 0, 1.0, "r", 1.0)]
+    nodes += [node(d, d - 1, d, 0.5, f"t{d}") for d in range(1, drafted_depth + 1)]
+    kept = [100 + d for d in range(1, accepted_depth + 1)] + [9]
+    return StepTrace(step=step, nodes=nodes, accepted=list(range(accepted_depth + 1)),
+                     bonus_token=9, bonus_text="b", new_tokens=kept,
+                     accepted_length=accepted_depth + 1, draft_ms=ms / 2, verify_ms=ms / 2,
+                     total_tokens=total)
+
+
+# ---------------------------------------------------------------- escaping
+
+
+def test_escape_token_makes_whitespace_visible():
+    assert figures.escape_token(" a\n\tb\r") == "␣a\\n\\tb\\r"
+    assert figures.escape_token("") == "∅"
+    assert figures.escape_token("\x01") == "\\x01"
+    assert figures.escape_token("héllo") == "héllo"
+
+
+def test_token_label_is_clipped_and_html_safe():
+    assert figures.token_label("<|im_end|>") == "&lt;|im_end|&gt;"
+    assert figures.token_label("abcdefghijklmnop", max_chars=6) == "abcde…"
+    assert figures.token_label("  x") == "␣␣x"
+
+
+# ---------------------------------------------------------------- tree layout
+
+
+def test_tree_layout_positions_by_depth_and_sibling_order():
+    placed = {p.key: p for p in figures.tree_layout(hand_step())}
+    assert set(placed) == {0, 1, 2, 3, 4, 5, 6}  # 6 = the bonus token
+    for p in placed.values():
+        assert p.x == p.depth
+    # siblings top to bottom by falling draft probability
+    assert placed[2].y < placed[1].y          # 0.7 above 0.2
+    assert placed[4].y < placed[3].y          # 0.9 above 0.5
+    # the bonus comes after the last accepted node, one level deeper, on top of its siblings
+    bonus = placed[6]
+    assert bonus.status == BONUS and bonus.parent == 4 and bonus.x == 3
+    assert bonus.text == "!" and bonus.draft_prob is None
+    assert bonus.y < placed[5].y
+    # leaves take consecutive rows; a parent is centred on its children
+    assert sorted(placed[k].y for k in (6, 5, 3, 1)) == [0, 1, 2, 3]
+    assert placed[4].y == pytest.approx((placed[6].y + placed[5].y) / 2)
+    assert placed[0].y == pytest.approx((placed[2].y + placed[1].y) / 2)
+    assert [placed[k].status for k in range(6)] == [ROOT, REJECTED, ACCEPTED, REJECTED,
+                                                    ACCEPTED, REJECTED]
+
+
+def test_tree_layout_of_plain_decoding_is_root_and_bonus():
+    placed = figures.tree_layout(plain_step(0, 1))
+    assert [(p.status, p.x) for p in placed] == [(ROOT, 0), (BONUS, 1)]
+    assert placed[0].y == placed[1].y == 0
+
+
+def _traces_by_status(fig):
+    return {t.meta: t for t in fig.data if t.meta in (ROOT, ACCEPTED, BONUS, REJECTED)}
+
+
+def test_tree_figure_colours_shapes_legend_and_hover():
+    fig = figures.tree_figure(hand_step(), total_steps=3)
+    by = _traces_by_status(fig)
+    assert set(by) == {ROOT, ACCEPTED, BONUS, REJECTED}
+    assert [len(by[s].x) for s in (ROOT, ACCEPTED, BONUS, REJECTED)] == [1, 2, 1, 3]
+    colours = {s: by[s].marker.color for s in by}
+    symbols = {s: by[s].marker.symbol for s in by}
+    assert len(set(colours.values())) == 4 and len(set(symbols.values())) == 4
+    assert set(colours.values()) <= OKABE_ITO
+    for t in by.values():
+        assert t.showlegend is not False and t.name
+    # labels and hover show escaped tokens and both probabilities
+    assert "\\n" in by[ACCEPTED].text and "␣d" in by[ACCEPTED].text
+    assert "&lt;x&gt;" in by[REJECTED].text
+    hover = " ".join(by[ACCEPTED].hovertext)
+    assert "draft p = 0.700" in hover and "target p = 0.900" in hover
+    assert "produced by the target" in by[BONUS].hovertext[0]
+    # edges: the accepted path 0 -> 2 -> 4, then a dotted edge to the bonus
+    edges = {t.name: t for t in fig.data if t.name and t.name.startswith("edges")}
+    assert edges["edges: path"].line.color == colours[ACCEPTED]
+    assert list(edges["edges: bonus"].x) == [2, 3, None]
+    assert sum(x is None for x in edges["edges: path"].x) == 2
+    assert "Step 1 of 3: 2 of 5 drafted tokens accepted + bonus → 3 tokens" in fig.layout.title.text
+    json.loads(fig.to_json())  # serialisable for gr.Plot
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_node_statuses_and_token_origins():
+    step = hand_step()
+    assert metrics.node_statuses(step) == [ROOT, REJECTED, ACCEPTED, REJECTED, ACCEPTED, REJECTED]
+    origins = metrics.token_origins([step, plain_step(1, 4, text="?")])
+    assert [(o.text, o.depth, o.step) for o in origins] == [
+        ("\n", 1, 0), (" d", 2, 0), ("!", 0, 0), ("?", 0, 1)]
+
+
+def test_token_origins_follow_a_cut_step():
+    step = hand_step()
+    step.new_tokens = [102]  # cut after the first accepted draft (EOS or max_new_tokens)
+    assert [(o.text, o.depth) for o in metrics.token_origins([step])] == [("\n", 1)]
+
+
+def test_acceptance_by_depth_and_histogram():
+    steps = [chain_step(0, 3, 2), chain_step(1, 4, 0), chain_step(2, 8, 3),
+             chain_step(3, 10, 1, drafted_depth=1)]
+    assert metrics.acceptance_by_depth(steps) == [(1, 3, 4), (2, 2, 3), (3, 1, 3)]
+    assert metrics.accepted_length_counts(steps) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert metrics.best_step(steps) == 2
+    fig = figures.acceptance_figure({"ar": [plain_step(0, 1)], "clover": steps})
+    assert [t.name for t in fig.data] == ["Clover"]
+    assert list(fig.data[0].y) == pytest.approx([75.0, 200 / 3, 100 / 3])
+    assert list(fig.data[0].x) == ["depth 1", "depth 2", "depth 3"]
+    hist = figures.accepted_length_figure({"medusa": steps[:2], "clover": steps})
+    assert [t.name for t in hist.data] == ["Medusa", "Clover"]
+    assert list(hist.data[0].x) == [1, 2, 3, 4]
+    assert list(hist.data[0].y) == pytest.approx([50, 0, 50, 0])
+    assert list(hist.data[1].customdata) == [1, 1, 1, 1]
+    # bars carry a second cue besides colour
+    assert hist.data[0].marker.pattern.shape != hist.data[1].marker.pattern.shape
+
+
+def test_acceptance_figures_without_drafts_say_so():
+    fig = figures.acceptance_figure({"ar": [plain_step(0, 1)]})
+    assert not fig.data and "plain decoding" in fig.layout.annotations[0].text
+
+
+def test_timeline_speedup_and_stats():
+    plain = [plain_step(i, i + 1, ms=10.0) for i in range(6)]          # 6 tokens in 60 ms
+    spec = [chain_step(0, 3, 2, ms=15.0), chain_step(1, 6, 2, ms=15.0)]  # 6 tokens in 30 ms
+    assert metrics.timeline(spec) == [(0.0, 0), (15.0, 3), (30.0, 6)]
+    assert metrics.time_to_tokens(plain, 3) == pytest.approx(30.0)
+    assert metrics.time_to_tokens(plain, 7) is None
+    assert metrics.tokens_at(spec, 14.9) == 0 and metrics.tokens_at(spec, 15.0) == 3
+    assert metrics.speedup(spec, plain) == pytest.approx(2.0)
+    assert metrics.speedup(spec[:1], plain) == pytest.approx(30.0 / 15.0)
+    assert metrics.speedup(plain, plain) == pytest.approx(1.0)
+    assert metrics.speedup(spec, []) is None
+    # the baseline stopped earlier (EOS when sampling): compare tokens per second
+    assert metrics.speedup(spec, plain[:2]) == pytest.approx((6 / 30) / (2 / 20))
+    s = metrics.run_stats(spec)
+    assert (s.steps, s.tokens, s.tokens_per_step) == (2, 6, 3.0)
+    assert s.tokens_per_second == pytest.approx(200.0)
+    assert (s.draft_ms, s.verify_ms) == (7.5, 7.5)
+    assert metrics.run_stats([]).tokens == 0
+
+
+def test_race_figure_replays_recorded_times():
+    runs = {"ar": [plain_step(i, i + 1, ms=10.0) for i in range(6)],
+            "clover": [chain_step(0, 3, 2, ms=15.0), chain_step(1, 6, 2, ms=15.0)]}
+    assert figures.race_end_ms(runs) == pytest.approx(60.0)
+
+    def bars(fig):
+        return {t.y[0]: t.x[0] for t in fig.data if t.type == "bar"}
+
+    assert bars(figures.race_figure(runs, 0.0)) == {"Plain": 0, "Clover": 0}
+    assert bars(figures.race_figure(runs, 31.0)) == {"Plain": 3, "Clover": 6}
+    end = figures.race_figure(runs)
+    assert bars(end) == {"Plain": 6, "Clover": 6}
+    lines = {t.name: t for t in end.data if t.type == "scatter" and t.mode == "lines"}
+    assert list(lines["Clover"].x) == pytest.approx([0.0, 0.015, 0.030])
+    assert lines["Plain"].line.dash != lines["Clover"].line.dash
+    assert "0.06 s" in end.layout.title.text
+
+
+def test_tokens_html_marks_origins():
+    out = figures.tokens_html([hand_step(), plain_step(1, 4, text="<|im_end|>")])
+    assert out.count("<span title=") == 4
+    assert f"background:{figures.DEPTH_BG[1]}" in out and f"background:{figures.DEPTH_BG[2]}" in out
+    assert 'title="step 1: accepted draft, depth 2"' in out
+    assert 'title="step 1: produced by the target"' in out
+    assert "&lt;|im_end|&gt;" in out and "<|im_end|>" not in out
+    assert "↵" in out  # a newline token stays visible
+    assert "produced by the target" in figures.tokens_legend()
+
+
+def test_metrics_html_shows_cards_and_table():
+    stats = metrics.run_stats([chain_step(0, 3, 2)])
+    out = figures.metrics_html("clover", stats, 1.5, 0.8, [("ar", stats, "done")], "note")
+    for label in ("tokens / step", "tokens / s", "draft ms / step", "verify ms / step",
+                  "speedup vs plain", "speedup vs Medusa"):
+        assert label in out
+    assert "1.50× ▲" in out and "0.80× ▼" in out and "3.00" in out
+    assert "—" in figures.metrics_html("clover", stats, None, None)
+
+
+# ---------------------------------------------------------------- a recorded trace
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    target = tiny_target("llama", vocab_size=64)
+    prompt = [5, 9, 11, 3]
+    ref = Engine(target).generate(prompt, 30)
+    heads = ScriptedHeads(target, oracle_tree_fn(prompt + ref.token_ids, target.vocab_size,
+                                                 seed=1))
+    out = Engine(target, heads).generate(prompt, 30)
+    assert out.token_ids == ref.token_ids
+    return out
+
+
+def test_layout_of_a_recorded_trace(recorded):
+    assert any(len(s.accepted) > 2 for s in recorded.steps)
+    for step in recorded.steps:
+        placed = figures.tree_layout(step)
+        assert len(placed) == len(step.nodes) + 1
+        by_key = {p.key: p for p in placed}
+        for p in placed:
+            assert p.x == p.depth
+            if p.parent >= 0:
+                assert by_key[p.parent].x == p.x - 1
+        statuses = [p.status for p in placed[:-1]]
+        assert [n.id for n, s in zip(step.nodes, statuses) if s in (ROOT, ACCEPTED)] == step.accepted
+        assert placed[-1].status == BONUS
+        assert placed[-1].depth == step.nodes[step.accepted[-1]].depth + 1
+        # siblings (bonus aside) ordered by falling draft probability
+        for parent in {n.parent for n in step.nodes if n.parent >= 0}:
+            kids = sorted((p for p in placed[:-1] if p.parent == parent), key=lambda p: p.y)
+            assert [p.draft_prob for p in kids] == sorted((p.draft_prob for p in kids), reverse=True)
+        # the rows of the drafted nodes never collide
+        leaves = [p for p in placed if not any(q.parent == p.key for q in placed)]
+        assert len({p.y for p in leaves}) == len(leaves)
+        fig = figures.tree_figure(step, len(recorded.steps))
+        shown = sum(len(t.x) for t in fig.data if t.meta in (ROOT, ACCEPTED, BONUS, REJECTED))
+        assert shown == len(step.nodes) + 1
+
+
+def test_origins_and_bars_of_a_recorded_trace(recorded):
+    origins = metrics.token_origins(recorded.steps)
+    assert len(origins) == len(recorded.token_ids)
+    assert sum(o.depth == 0 for o in origins) == len(recorded.steps)  # one bonus per step
+    assert max(o.depth for o in origins) >= 2
+    rows = metrics.acceptance_by_depth(recorded.steps)
+    assert rows[0][0] == 1 and all(0 <= r <= n for _, r, n in rows)
+    counts = metrics.accepted_length_counts(recorded.steps)
+    assert sum(counts.values()) == len(recorded.steps)
+    assert sum(k * v for k, v in counts.items()) >= len(recorded.token_ids)
+    assert metrics.run_stats(recorded.steps).tokens_per_step == pytest.approx(
+        recorded.mean_accepted_length)
