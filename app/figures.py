@@ -1,0 +1,457 @@
+"""Trace records -> Plotly figures and HTML snippets. Pure functions, no Gradio.
+
+Colours are Okabe-Ito (colour-blind safe) and every colour comes with a second cue: a
+marker shape in the tree, a fill pattern or line dash for methods, an underline for
+tokens the target produced itself.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.metrics import (ACCEPTED, BONUS, METHOD_NAMES, REJECTED, ROOT, RunStats,
+                         acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
+                         tokens_at, token_origins)
+from clover.trace import StepTrace
+
+# Okabe-Ito colours, each paired with a marker shape.
+STATUS_STYLE = {
+    ROOT: dict(label="root (last committed token)", color="#000000", symbol="square", size=15),
+    ACCEPTED: dict(label="accepted draft", color="#009E73", symbol="circle", size=19),
+    BONUS: dict(label="bonus token (from the target)", color="#0072B2", symbol="star", size=24),
+    REJECTED: dict(label="rejected draft", color="#D55E00", symbol="x", size=12),
+}
+METHOD_STYLE = {  # colour, bar pattern, line dash, marker
+    "ar": dict(color="#999999", pattern="", dash="dot", symbol="circle"),
+    "medusa": dict(color="#E69F00", pattern="/", dash="dash", symbol="diamond"),
+    "clover": dict(color="#0072B2", pattern="", dash="solid", symbol="star"),
+}
+# Generated-text marks: accepted drafts in greens (darker = deeper), target tokens blue.
+DEPTH_BG = {1: "#CCEDE3", 2: "#8FD6C0", 3: "#45B894", 4: "#00795A"}
+TARGET_BG = "#DDEAF6"
+TARGET_LINE = "#0072B2"
+FONT = "Inter, system-ui, -apple-system, Segoe UI, sans-serif"
+
+
+# ---------------------------------------------------------------- token text
+
+
+def escape_token(text: str) -> str:
+    """A token made visible: spaces as '␣', newlines and tabs as '\\n' and '\\t',
+    other control characters as '\\xNN', the empty string as '∅'."""
+    if text == "":
+        return "∅"
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("␣")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def token_label(text: str, max_chars: int = 10) -> str:
+    """A short, HTML-safe label of a token for a figure (escaped, clipped with '…')."""
+    s = escape_token(text)
+    if len(s) > max_chars:
+        s = s[: max_chars - 1] + "…"
+    return html.escape(s, quote=False)
+
+
+# ---------------------------------------------------------------- the candidate tree
+
+
+@dataclass
+class PlacedNode:
+    """A node of a step's tree with its place in the figure.
+
+    Attributes:
+        key: the node id; the bonus token gets ``len(step.nodes)``.
+        token_id, text, parent, depth: as in :class:`~clover.trace.TreeNode`.
+        status: root, accepted, bonus or rejected.
+        draft_prob / target_prob: None for the bonus token (it was not drafted).
+        x: the depth. y: the row, 0 at the top.
+    """
+
+    key: int
+    token_id: int
+    text: str
+    parent: int
+    depth: int
+    status: str
+    draft_prob: float | None
+    target_prob: float | None
+    x: float
+    y: float
+
+
+def tree_layout(step: StepTrace) -> list[PlacedNode]:
+    """Place a step's tree: x = depth, siblings top to bottom by falling draft probability,
+    leaves on consecutive rows, a parent centred on its children. The bonus token is an
+    extra node after the last accepted node (its first child, so it sits on top)."""
+    nodes, statuses = step.nodes, node_statuses(step)
+    bonus = len(nodes)
+    children: dict[int, list[int]] = {i: [] for i in range(bonus + 1)}
+    for n in nodes[1:]:
+        children[n.parent].append(n.id)
+    for kids in children.values():
+        kids.sort(key=lambda i: (-nodes[i].draft_prob, i))
+    last = step.accepted[-1]
+    children[last].insert(0, bonus)
+
+    rows: dict[int, float] = {}
+    next_row = [0]
+
+    def place(key: int) -> None:
+        kids = children[key]
+        for k in kids:
+            place(k)
+        if kids:
+            rows[key] = (rows[kids[0]] + rows[kids[-1]]) / 2
+        else:
+            rows[key] = next_row[0]
+            next_row[0] += 1
+
+    place(0)
+    placed = [PlacedNode(n.id, n.token_id, n.text, n.parent, n.depth, statuses[n.id],
+                         n.draft_prob, n.target_prob, n.depth, rows[n.id]) for n in nodes]
+    depth = nodes[last].depth + 1
+    placed.append(PlacedNode(bonus, step.bonus_token, step.bonus_text, last, depth, BONUS,
+                             None, None, depth, rows[bonus]))
+    return placed
+
+
+def _hover(p: PlacedNode) -> str:
+    head = f"<b>{html.escape(escape_token(p.text), quote=False)}</b>  (token {p.token_id})"
+    if p.status == ROOT:
+        return f"{head}<br>root: the last committed token, known before this step"
+    if p.status == BONUS:
+        return (f"{head}<br>bonus token: produced by the target itself<br>"
+                f"after the accepted path (position {p.depth})")
+    what = "accepted draft" if p.status == ACCEPTED else "rejected draft"
+    return (f"{head}<br>{what}, depth {p.depth}<br>"
+            f"draft p = {p.draft_prob:.3f}<br>target p = {p.target_prob:.3f}")
+
+
+def step_title(step: StepTrace, total_steps: int | None = None) -> str:
+    """One line saying what a step did, e.g. 'Step 3: 2 drafts accepted + bonus → 3 tokens'."""
+    n = len(step.accepted) - 1
+    of = f" of {total_steps}" if total_steps else ""
+    drafted = len(step.nodes) - 1
+    if drafted == 0:
+        return f"Step {step.step + 1}{of}: nothing drafted → 1 token from the target"
+    return (f"Step {step.step + 1}{of}: {n} of {drafted} drafted tokens accepted + bonus"
+            f" → {len(step.new_tokens)} token{'s' if len(step.new_tokens) != 1 else ''}")
+
+
+def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
+    """The candidate tree of one step: nodes by depth, edges parent -> child, accepted path,
+    bonus token and rejected drafts in distinct colours and shapes, hover with draft and
+    target probabilities."""
+    placed = tree_layout(step)
+    by_key = {p.key: p for p in placed}
+    on_path = set(step.accepted)
+
+    fig = go.Figure()
+    edge_groups = {"path": ([], []), "bonus": ([], []), "other": ([], [])}
+    for p in placed:
+        if p.parent < 0:
+            continue
+        q = by_key[p.parent]
+        group = "bonus" if p.status == BONUS else "path" if p.key in on_path else "other"
+        xs, ys = edge_groups[group]
+        xs += [q.x, p.x, None]
+        ys += [q.y, p.y, None]
+    edge_style = {"other": dict(color="#C4C4C4", width=1.3),
+                  "path": dict(color=STATUS_STYLE[ACCEPTED]["color"], width=4),
+                  "bonus": dict(color=STATUS_STYLE[BONUS]["color"], width=3, dash="dot")}
+    for group, (xs, ys) in edge_groups.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=edge_style[group],
+                                 hoverinfo="skip", showlegend=False, name=f"edges: {group}"))
+
+    for status in (ROOT, ACCEPTED, BONUS, REJECTED):
+        style = STATUS_STYLE[status]
+        pts = [p for p in placed if p.status == status]
+        fig.add_trace(go.Scatter(
+            x=[p.x for p in pts], y=[p.y for p in pts], mode="markers+text",
+            name=style["label"], meta=status,
+            marker=dict(symbol=style["symbol"], size=style["size"], color=style["color"],
+                        line=dict(width=1.5, color="white")),
+            text=[token_label(p.text) for p in pts], textposition="top center",
+            textfont=dict(size=13, color="#6B6B6B" if status == REJECTED else "#111111"),
+            hovertext=[_hover(p) for p in pts], hovertemplate="%{hovertext}<extra></extra>",
+            customdata=[[p.key, p.token_id] for p in pts],
+        ))
+
+    rows = max(p.y for p in placed) + 1
+    depth = max(p.x for p in placed)
+    fig.update_layout(
+        title=dict(text=step_title(step, total_steps), x=0.01, xanchor="left",
+                   font=dict(size=15)),
+        height=int(min(760, 150 + 52 * max(rows, 3))),
+        margin=dict(l=20, r=20, t=84, b=40),
+        plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom",
+                    font=dict(size=12), itemsizing="constant"),
+        hoverlabel=dict(bgcolor="white", font=dict(size=13, family=FONT)),
+        xaxis=dict(range=[-0.45, depth + 0.55], tickvals=list(range(int(depth) + 1)),
+                   ticktext=["root"] + [f"+{d}" for d in range(1, int(depth) + 1)],
+                   title=dict(text="tokens ahead of the root (depth)", font=dict(size=12)),
+                   showgrid=False, zeroline=False, fixedrange=True),
+        yaxis=dict(range=[rows - 0.4, -0.9], visible=False, fixedrange=True),
+    )
+    return fig
+
+
+def empty_figure(message: str, height: int = 320) -> go.Figure:
+    """A blank figure that says ``message`` (before the first run)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper",
+                       showarrow=False, font=dict(size=15, color="#666666"))
+    fig.update_layout(height=height, margin=dict(l=20, r=20, t=20, b=20),
+                      plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT),
+                      xaxis=dict(visible=False), yaxis=dict(visible=False))
+    return fig
+
+
+# ---------------------------------------------------------------- after a run
+
+
+def _speculative(runs: Mapping[str, Sequence[StepTrace]]) -> dict[str, Sequence[StepTrace]]:
+    return {m: s for m, s in runs.items() if s and any(len(x.nodes) > 1 for x in s)}
+
+
+def acceptance_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure:
+    """Per-depth acceptance rate of each speculative run: the share of steps whose accepted
+    path reached depth d, among the steps that drafted a token at depth d."""
+    runs = _speculative(runs)
+    if not runs:
+        return empty_figure("No drafts in this run (plain decoding only)")
+    fig = go.Figure()
+    for method, steps in runs.items():
+        rows = acceptance_by_depth(steps)
+        style = METHOD_STYLE.get(method, METHOD_STYLE["clover"])
+        rates = [100.0 * r / n for _, r, n in rows]
+        fig.add_trace(go.Bar(
+            x=[f"depth {d}" for d, _, _ in rows], y=rates, name=METHOD_NAMES.get(method, method),
+            marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
+            text=[f"{v:.0f}%<br>({r}/{n})" for v, (_, r, n) in zip(rates, rows)],
+            textposition="outside", cliponaxis=False,
+            hovertemplate="%{x}: %{y:.1f}% of steps<extra>" + METHOD_NAMES.get(method, method)
+                          + "</extra>",
+        ))
+    fig.update_layout(
+        title=dict(text="Acceptance rate per draft depth", x=0.01, xanchor="left"),
+        barmode="group", height=340, margin=dict(l=50, r=20, t=70, b=40),
+        plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+        yaxis=dict(title="steps that reached it (%)", range=[0, 119], gridcolor="#EEEEEE"),
+    )
+    return fig
+
+
+def accepted_length_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure:
+    """Histogram of tokens committed per step (accepted drafts + bonus) for each
+    speculative run, as a share of its steps."""
+    runs = _speculative(runs)
+    if not runs:
+        return empty_figure("Plain decoding: always 1 token per step")
+    longest = max(max(accepted_length_counts(s)) for s in runs.values())
+    lengths = list(range(1, longest + 1))
+    fig = go.Figure()
+    for method, steps in runs.items():
+        counts = accepted_length_counts(steps)
+        style = METHOD_STYLE.get(method, METHOD_STYLE["clover"])
+        share = [100.0 * counts.get(k, 0) / len(steps) for k in lengths]
+        fig.add_trace(go.Bar(
+            x=lengths, y=share, name=METHOD_NAMES.get(method, method),
+            marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
+            text=[str(counts.get(k, 0)) for k in lengths], textposition="outside",
+            cliponaxis=False, customdata=[counts.get(k, 0) for k in lengths],
+            hovertemplate="%{x} tokens/step: %{customdata} steps (%{y:.1f}%)<extra>"
+                          + METHOD_NAMES.get(method, method) + "</extra>",
+        ))
+    fig.update_layout(
+        title=dict(text="Tokens per step (accepted drafts + bonus)", x=0.01, xanchor="left"),
+        barmode="group", height=340, margin=dict(l=50, r=20, t=70, b=40),
+        plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+        xaxis=dict(title="tokens committed in one step", tickvals=lengths, dtick=1),
+        yaxis=dict(title="share of steps (%)", range=[0, 119], gridcolor="#EEEEEE"),
+    )
+    return fig
+
+
+def race_end_ms(runs: Mapping[str, Sequence[StepTrace]]) -> float:
+    """Engine time of the slowest run, ms (where a race replay ends)."""
+    return max((timeline(s)[-1][0] for s in runs.values() if s), default=0.0)
+
+
+def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = None) -> go.Figure:
+    """Plain, Medusa and Clover side by side at engine time ``t_ms`` (default: the end),
+    replayed from the per-step timings the runs recorded: tokens so far as bars (left),
+    tokens over time as curves (right)."""
+    runs = {m: runs[m] for m in ("ar", "medusa", "clover") if runs.get(m)}
+    if not runs:
+        return empty_figure("Run a prompt to see the race")
+    end = race_end_ms(runs)
+    t = end if t_ms is None else max(0.0, min(t_ms, end))
+    top = max(s[-1].total_tokens for s in runs.values())
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], horizontal_spacing=0.12,
+                        subplot_titles=("tokens so far", "tokens over engine time"))
+    names = [METHOD_NAMES[m] for m in runs]
+    for method, steps in runs.items():
+        style, name = METHOD_STYLE[method], METHOD_NAMES[method]
+        n = tokens_at(steps, t)
+        end_ms = timeline(steps)[-1][0]
+        label = f"{n} tok"
+        if t >= end_ms:
+            label += (f" · done in {end_ms / 1e3:.2f} s" if steps[-1].finished
+                      else f" · stopped at {end_ms / 1e3:.2f} s")
+        fig.add_trace(go.Bar(
+            y=[name], x=[n], orientation="h", name=name, showlegend=False,
+            marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
+            text=[label],
+            textposition="outside", cliponaxis=False,
+            hovertemplate=f"{name}: %{{x}} tokens<extra></extra>"), row=1, col=1)
+        pts = [(ms / 1e3, k) for ms, k in timeline(steps) if ms <= t]
+        fig.add_trace(go.Scatter(
+            x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=name,
+            line=dict(color=style["color"], dash=style["dash"], width=3, shape="hv"),
+            hovertemplate=f"{name}: %{{y}} tokens after %{{x:.2f}} s<extra></extra>"),
+            row=1, col=2)
+        fig.add_trace(go.Scatter(
+            x=[pts[-1][0]], y=[pts[-1][1]], mode="markers", showlegend=False,
+            marker=dict(color=style["color"], symbol=style["symbol"], size=13,
+                        line=dict(width=1, color="white")), hoverinfo="skip"), row=1, col=2)
+    fig.add_vline(x=t / 1e3, line=dict(color="#555555", width=1, dash="dot"), row=1, col=2)
+    fig.update_layout(
+        title=dict(text=f"Race replay: {t / 1e3:.2f} s of engine time", x=0.01, xanchor="left"),
+        height=330, margin=dict(l=70, r=30, t=80, b=45), barmode="overlay",
+        plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom"),
+    )
+    fig.update_xaxes(range=[0, top * 1.45 + 1], title_text="tokens", gridcolor="#EEEEEE",
+                     row=1, col=1)
+    fig.update_yaxes(categoryorder="array", categoryarray=names[::-1], row=1, col=1)
+    fig.update_xaxes(range=[0, end / 1e3 * 1.03 + 1e-3], title_text="engine time (s)",
+                     gridcolor="#EEEEEE", row=1, col=2)
+    fig.update_yaxes(range=[0, top * 1.08 + 1], title_text="tokens", gridcolor="#EEEEEE",
+                     row=1, col=2)
+    return fig
+
+
+# ---------------------------------------------------------------- HTML panels
+
+
+def _swatch(label: str, bg: str, underline: bool = False, dark: bool = False) -> str:
+    line = f"border-bottom:2px dotted {TARGET_LINE};" if underline else ""
+    color = "#ffffff" if dark else "#111111"
+    return (f'<span style="background:{bg};color:{color};{line}padding:1px 6px;'
+            f'border-radius:4px;margin-right:6px;white-space:nowrap">{label}</span>')
+
+
+def tokens_legend() -> str:
+    """The key to :func:`tokens_html`'s marks."""
+    parts = [_swatch("produced by the target", TARGET_BG, underline=True)]
+    parts += [_swatch(f"accepted draft, depth {d}{'+' if d == 4 else ''}", DEPTH_BG[d], dark=d == 4)
+              for d in (1, 2, 3, 4)]
+    return ('<div style="display:flex;flex-wrap:wrap;gap:4px 0;font-size:12.5px;'
+            'margin-bottom:6px">' + "".join(parts) + "</div>")
+
+
+def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|>",)) -> str:
+    """The generated text, each token marked by how it came: an accepted draft (green,
+    darker = drafted deeper) or produced by the target itself (blue, dotted underline).
+    Hover a token for its step and depth."""
+    spans = []
+    for tok in token_origins(steps):
+        if tok.depth == 0:
+            style = f"background:{TARGET_BG};border-bottom:2px dotted {TARGET_LINE};color:#111"
+            tip = f"step {tok.step + 1}: produced by the target"
+        else:
+            d = min(tok.depth, 4)
+            style = f"background:{DEPTH_BG[d]};color:{'#fff' if d == 4 else '#111'}"
+            tip = f"step {tok.step + 1}: accepted draft, depth {tok.depth}"
+        text = html.escape(tok.text, quote=False)
+        if tok.text in special:
+            style += ";opacity:0.6;font-size:0.85em"
+        text = text.replace("\n", "↵\n").replace("\t", "→\t")
+        spans.append(f'<span title="{tip}" style="{style};border-radius:3px;padding:1px 0">'
+                     f"{text}</span>")
+    body = "".join(spans) or '<span style="color:#888">(the generated text appears here)</span>'
+    return (tokens_legend() +
+            '<div id="generated-text" style="white-space:pre-wrap;font-size:15px;line-height:1.9;'
+            'padding:10px 12px;border:1px solid #E3E3E3;border-radius:8px;background:#fff;'
+            f'color:#111;font-family:{FONT}">{body}</div>')
+
+
+def _fmt_speedup(x: float | None) -> tuple[str, str]:
+    if x is None:
+        return "—", "#666666"
+    arrow = "▲" if x >= 1.0 else "▼"
+    return f"{x:.2f}× {arrow}", ("#007A56" if x >= 1.0 else "#B24A00")
+
+
+def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
+                 vs_medusa: float | None, table: Sequence[tuple[str, RunStats, str]] = (),
+                 note: str = "") -> str:
+    """Live metric cards of the streamed run, then a table of every measured run.
+
+    Args:
+        method: "ar", "medusa" or "clover" (the run on screen).
+        stats: its figures so far.
+        vs_plain / vs_medusa: speedups at the same token count (None: not measured).
+        table: (method, stats, state) per measured run, state e.g. "done" or "running".
+        note: a line under the table.
+    """
+    sp_plain, col_plain = _fmt_speedup(vs_plain)
+    sp_medusa, col_medusa = _fmt_speedup(vs_medusa)
+    cards = [
+        ("tokens / step", f"{stats.tokens_per_step:.2f}", "#111"),
+        ("tokens / s", f"{stats.tokens_per_second:.1f}", "#111"),
+        ("draft ms / step", f"{stats.draft_ms:.1f}", "#111"),
+        ("verify ms / step", f"{stats.verify_ms:.1f}", "#111"),
+        ("speedup vs plain", sp_plain, col_plain),
+        ("speedup vs Medusa", sp_medusa, col_medusa),
+    ]
+    card_html = "".join(
+        f'<div class="metric-card" style="flex:1 1 110px;background:#F6F7F9;border:1px solid #E2E5EA;'
+        f'border-radius:8px;padding:8px 10px;min-width:105px">'
+        f'<div style="font-size:12px;color:#555">{label}</div>'
+        f'<div style="font-size:21px;font-weight:650;color:{color}">{value}</div></div>'
+        for label, value, color in cards)
+    rows = "".join(
+        f"<tr><td style='padding:2px 8px'>{METHOD_NAMES.get(m, m)}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{s.tokens}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{s.steps}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_step:.2f}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_second:.1f}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{s.engine_ms / 1e3:.2f}</td>"
+        f"<td style='padding:2px 8px;color:#555'>{html.escape(state)}</td></tr>"
+        for m, s, state in table)
+    head = "".join(f"<th style='padding:2px 8px;text-align:{a};font-weight:600'>{h}</th>"
+                   for h, a in (("method", "left"), ("tokens", "right"), ("steps", "right"),
+                                ("tokens/step", "right"), ("tokens/s", "right"),
+                                ("engine s", "right"), ("", "left")))
+    table_html = (f"<table style='border-collapse:collapse;font-size:13px;margin-top:8px;color:#222'>"
+                  f"<tr style='border-bottom:1px solid #ddd'>{head}</tr>{rows}</table>") if table else ""
+    title = (f"<div style='font-size:13px;color:#333;margin-bottom:6px'>"
+             f"<b>{METHOD_NAMES.get(method, method)}</b> · step {stats.steps} · "
+             f"{stats.tokens} tokens · {stats.engine_ms / 1e3:.2f} s engine time</div>")
+    foot = f"<div style='font-size:12px;color:#555;margin-top:6px'>{note}</div>" if note else ""
+    return (f"<div id='metrics' style='font-family:{FONT}'>{title}"
+            f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{card_html}</div>"
+            f"{table_html}{foot}</div>")

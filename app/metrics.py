@@ -1,0 +1,170 @@
+"""Numbers the app shows, computed from :class:`~clover.trace.StepTrace` records only.
+
+No Gradio, no torch: a list of step traces in, plain Python values out. Times are the
+engine's own per-step ``draft_ms + verify_ms`` (what decoding cost), never the time the
+app spent rendering between steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from clover.trace import StepTrace
+
+# Status of a node in a step's candidate tree (plus the bonus token drawn after it).
+ROOT, ACCEPTED, BONUS, REJECTED = "root", "accepted", "bonus", "rejected"
+
+METHOD_NAMES = {"ar": "Plain", "medusa": "Medusa", "clover": "Clover"}
+
+
+def node_statuses(step: StepTrace) -> list[str]:
+    """Status of every node of ``step.nodes``: root, accepted draft or rejected draft."""
+    accepted = set(step.accepted)
+    return [ROOT if n.parent < 0 else ACCEPTED if n.id in accepted else REJECTED
+            for n in step.nodes]
+
+
+def engine_ms(step: StepTrace) -> float:
+    """Engine time of one step in ms: drafting plus verification."""
+    return step.draft_ms + step.verify_ms
+
+
+def timeline(steps: Sequence[StepTrace]) -> list[tuple[float, int]]:
+    """Cumulative (engine ms, tokens committed) after each step, starting at (0, 0)."""
+    points, t = [(0.0, 0)], 0.0
+    for s in steps:
+        t += engine_ms(s)
+        points.append((t, s.total_tokens))
+    return points
+
+
+def tokens_at(steps: Sequence[StepTrace], t_ms: float) -> int:
+    """Tokens committed once ``t_ms`` of engine time has passed (a step's tokens land at
+    its end)."""
+    tokens = 0
+    for t, n in timeline(steps):
+        if t > t_ms:
+            break
+        tokens = n
+    return tokens
+
+
+def time_to_tokens(steps: Sequence[StepTrace], n: int) -> float | None:
+    """Engine ms until at least ``n`` tokens were committed; None if the run never got there."""
+    for t, tokens in timeline(steps):
+        if tokens >= n:
+            return t
+    return None
+
+
+def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float | None:
+    """How many times faster ``steps`` produced its tokens than ``baseline`` (engine time).
+
+    Compared at the same token count: the baseline's time to reach the tokens ``steps``
+    has so far, over the time ``steps`` took. Where the baseline stopped earlier (EOS
+    when sampling), the ratio of the two runs' tokens per second.
+    """
+    if not steps or not baseline:
+        return None
+    n, t = steps[-1].total_tokens, sum(engine_ms(s) for s in steps)
+    if n == 0 or t <= 0:
+        return None
+    t_base = time_to_tokens(baseline, n)
+    if t_base is not None:
+        return t_base / t
+    n_base, t_base = baseline[-1].total_tokens, sum(engine_ms(s) for s in baseline)
+    if n_base == 0 or t_base <= 0:
+        return None
+    return (n / t) / (n_base / t_base)
+
+
+@dataclass
+class RunStats:
+    """Headline figures of a (possibly unfinished) run.
+
+    Attributes:
+        steps: decode steps so far.
+        tokens: tokens committed so far.
+        engine_ms: total engine time (draft + verify), ms.
+        tokens_per_step: mean tokens committed per step (tau), bonus included.
+        tokens_per_second: tokens per second of engine time.
+        draft_ms / verify_ms: mean drafting and verification time per step, ms.
+    """
+
+    steps: int
+    tokens: int
+    engine_ms: float
+    tokens_per_step: float
+    tokens_per_second: float
+    draft_ms: float
+    verify_ms: float
+
+
+def run_stats(steps: Sequence[StepTrace]) -> RunStats:
+    """Headline figures of the steps so far (all zero for no steps)."""
+    if not steps:
+        return RunStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    n, total = len(steps), sum(engine_ms(s) for s in steps)
+    tokens = steps[-1].total_tokens
+    return RunStats(
+        steps=n, tokens=tokens, engine_ms=total, tokens_per_step=tokens / n,
+        tokens_per_second=tokens / (total / 1e3) if total > 0 else 0.0,
+        draft_ms=sum(s.draft_ms for s in steps) / n,
+        verify_ms=sum(s.verify_ms for s in steps) / n,
+    )
+
+
+def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
+    """Per draft depth d >= 1: (d, steps whose accepted path reached depth d, steps that
+    drafted a node at depth d). Their ratio is the acceptance rate at depth d."""
+    drafted: dict[int, int] = {}
+    reached: dict[int, int] = {}
+    for s in steps:
+        for d in {n.depth for n in s.nodes if n.depth > 0}:
+            drafted[d] = drafted.get(d, 0) + 1
+        for d in range(1, len(s.accepted)):
+            reached[d] = reached.get(d, 0) + 1
+    return [(d, reached.get(d, 0), drafted[d]) for d in sorted(drafted)]
+
+
+def best_step(steps: Sequence[StepTrace]) -> int:
+    """Index of the step with the longest accepted path (the first such), 0 for none."""
+    return max(range(len(steps)), key=lambda i: (len(steps[i].accepted), -i), default=0)
+
+
+def accepted_length_counts(steps: Sequence[StepTrace]) -> dict[int, int]:
+    """How many steps committed 1, 2, 3, ... tokens (accepted drafts + bonus)."""
+    counts: dict[int, int] = {}
+    for s in steps:
+        counts[s.accepted_length] = counts.get(s.accepted_length, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass
+class TokenOrigin:
+    """How one generated token came about.
+
+    Attributes:
+        text: the token decoded on its own.
+        depth: the draft depth it was accepted at; 0 when the target produced it itself
+            (the bonus token, or every token of plain decoding).
+        step: the decode step that committed it.
+    """
+
+    text: str
+    depth: int
+    step: int
+
+
+def token_origins(steps: Sequence[StepTrace]) -> list[TokenOrigin]:
+    """Every committed token in order, with the depth it was drafted at (0 = target)."""
+    out: list[TokenOrigin] = []
+    for s in steps:
+        path = s.accepted[1:]  # accepted drafts after the root
+        for j, _ in enumerate(s.new_tokens):
+            if j < len(path):
+                node = s.nodes[path[j]]
+                out.append(TokenOrigin(node.text, node.depth, s.step))
+            else:
+                out.append(TokenOrigin(s.bonus_text, 0, s.step))
+    return out

@@ -1,0 +1,460 @@
+"""The app's side of decoding: settings, loaded models, and runs of the one engine.
+
+Data flows prompt -> :class:`clover.Engine` -> :class:`~clover.trace.StepTrace` -> app.
+This module validates what a visitor typed, keeps the loaded models (read-only, shared
+by every visitor), and streams runs of plain, Medusa and Clover decoding one after
+another, never at once, so their engine timings compare like with like.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+from collections import OrderedDict
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from clover import (Engine, SamplingConfig, TreeConfig, encode_prompt, load_target,
+                    parse_tree_spec)
+from clover.trace import GenerationResult, StepTrace
+
+log = logging.getLogger(__name__)
+
+try:  # Hugging Face ZeroGPU: CUDA work must run inside a function decorated by spaces.GPU
+    import spaces
+except ImportError:  # everywhere else the plain function runs
+    spaces = None
+
+METHODS = ("ar", "medusa", "clover")
+MAX_NEW_TOKENS = 512
+MAX_PROMPT_CHARS = 20_000
+MAX_TEMPERATURE = 5.0
+DEFAULT_MODEL_KEY = "default"
+
+
+# ---------------------------------------------------------------- settings
+
+
+def auto_tree() -> TreeConfig:
+    """The tree used for the "auto" budget. For now the library's default dynamic tree;
+    the one place to swap in a tree sized by measuring the hardware."""
+    return TreeConfig()
+
+
+def tree_config(choice) -> TreeConfig:
+    """A tree from the budget setting: "auto", a node budget (e.g. "10"), or any
+    ``clover.parse_tree_spec`` spec ("dynamic:budget=12,topk=4", "small", "[[0],[1]]").
+
+    Raises:
+        ValueError: with a message for the visitor.
+    """
+    text = str(choice if choice is not None else "").strip()
+    if text in ("", "auto"):
+        return auto_tree()
+    try:
+        budget = float(text)
+    except ValueError:
+        pass
+    else:
+        if not budget.is_integer() or not 1 <= budget <= 256:
+            raise ValueError(f"the tree budget must be a whole number from 1 to 256, got {text}")
+        return TreeConfig(kind="dynamic", budget=int(budget), topk=3)
+    try:
+        return parse_tree_spec(text)
+    except ValueError as e:
+        raise ValueError(f"the tree setting {text!r} is not understood ({e}); use auto, a "
+                         "number of drafted nodes such as 10, or a spec such as "
+                         "dynamic:budget=12,topk=4") from None
+
+
+def parse_chat(text: str) -> str | list[dict]:
+    """A prompt box's text as one user message, or as a chat when it is written as a
+    transcript whose lines start with 'User:' / 'Assistant:' (a multi-turn prompt)."""
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].lower().startswith("user:"):
+        return text
+    messages: list[dict] = []
+    for line in lines:
+        low = line.lower()
+        if low.startswith("user:") or low.startswith("assistant:"):
+            role, _, content = line.partition(":")
+            messages.append({"role": role.strip().lower(), "content": content.strip()})
+        else:
+            messages[-1]["content"] += "\n" + line
+    for m in messages:
+        m["content"] = m["content"].strip()
+    if messages[-1]["role"] != "user":
+        raise ValueError("a chat transcript must end with a 'User:' turn")
+    return messages
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a visitor asked for, validated.
+
+    Attributes:
+        prompt: one user message, or chat messages (multi-turn).
+        method: the method streamed step by step: "ar", "medusa" or "clover".
+        sampling: temperature 0 (greedy) or lossless sampling.
+        max_new_tokens: 1..MAX_NEW_TOKENS.
+        tree: the candidate tree config (ignored by plain decoding).
+        compare: also run the other methods, one after another, for the speedups.
+        model / heads: a hub id or folder, and a heads folder; None = the app's default.
+    """
+
+    prompt: str | list
+    method: str
+    sampling: SamplingConfig
+    max_new_tokens: int
+    tree: TreeConfig
+    compare: bool = True
+    model: str | None = None
+    heads: str | None = None
+
+
+def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=True,
+                   model=None, heads=None, seed: int | None = 0) -> Settings:
+    """Validate the raw values of the settings widgets (or of an API call).
+
+    Raises:
+        ValueError: with a message for the visitor.
+    """
+    if prompt is None or not str(prompt).strip():
+        raise ValueError("the prompt is empty: type a prompt or pick an example")
+    if len(str(prompt)) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is too long ({len(str(prompt))} characters); this app "
+                         f"takes up to {MAX_PROMPT_CHARS}")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    try:
+        temperature = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"the temperature must be a number, got {temperature!r}") from None
+    if not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"the temperature must be between 0 and {MAX_TEMPERATURE:g} "
+                         f"(0 = greedy), got {temperature:g}")
+    try:
+        n = float(max_new_tokens)
+    except (TypeError, ValueError):
+        raise ValueError(f"max new tokens must be a whole number, got {max_new_tokens!r}") from None
+    if not n.is_integer() or not 1 <= n <= MAX_NEW_TOKENS:
+        raise ValueError(f"max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, "
+                         f"got {max_new_tokens:g}")
+    return Settings(
+        prompt=parse_chat(str(prompt)), method=method,
+        sampling=SamplingConfig(temperature=temperature, seed=seed),
+        max_new_tokens=int(n), tree=tree_config(tree), compare=bool(compare),
+        model=(str(model).strip() or None) if model else None,
+        heads=(str(heads).strip() or None) if heads else None,
+    )
+
+
+# ---------------------------------------------------------------- loaded models
+
+
+@dataclass
+class LoadedModel:
+    """A target and its draft heads, loaded once and then only read.
+
+    Attributes:
+        key: registry key (see :func:`get_model`).
+        target: the :class:`clover.TargetModel`.
+        heads: per method the heads (None for "ar").
+        sources: per speculative method where its heads came from, e.g.
+            "trained, shipped with the app", "loaded from DIR", or "untrained".
+        label: how the model is named in the UI.
+    """
+
+    key: str
+    target: object
+    heads: dict
+    sources: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def untrained(self) -> list[str]:
+        """Speculative methods whose heads are freshly initialised."""
+        return [m for m, s in self.sources.items() if s.startswith("untrained")]
+
+    def notice(self) -> str:
+        """A Markdown line about the model and its heads, with a clear warning when the
+        heads are untrained."""
+        names = {"medusa": "Medusa", "clover": "Clover"}
+        heads = " · ".join(f"**{names[m]} heads:** {'⚠ ' if m in self.untrained else ''}"
+                           f"{self.sources[m]}" for m in ("medusa", "clover"))
+        text = (f"**Model:** {self.label} on {self.target.device.type} · {heads}")
+        if self.untrained:
+            which = " and ".join(names[m] for m in self.untrained)
+            text += (f"\n\n> ⚠ **Untrained draft heads.** There are no trained {which} heads for "
+                     f"this model, so they are freshly initialised: they guess badly, the target "
+                     f"rejects almost every draft, and speculative decoding is *slower* than "
+                     f"plain decoding here. The output is still exact (the same text as plain "
+                     f"decoding); only the speed suffers. Give a trained heads folder in "
+                     f"*Model and heads* to see real speedups.")
+        return text
+
+
+_MODELS: "OrderedDict[str, LoadedModel]" = OrderedDict()  # read-only models, shared
+_MODELS_LOCK = threading.Lock()
+_MAX_EXTRA_MODELS = 2  # models loaded from the settings, beyond the app's default
+
+
+def _heads_folder(heads_dir: str | None, kind: str) -> Path | None:
+    """The folder holding ``kind`` heads: ``heads_dir`` itself when it holds heads of that
+    kind, or its ``kind`` subfolder (e.g. assets/heads/clover)."""
+    from clover.heads.base import CONFIG_FILE, DraftHeads
+
+    if not heads_dir:
+        return None
+    root = Path(heads_dir).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"the heads folder {heads_dir} does not exist")
+    if (root / kind / CONFIG_FILE).is_file():
+        return root / kind
+    if (root / CONFIG_FILE).is_file() and DraftHeads.read_config(root).kind == kind:
+        return root
+    return None
+
+
+def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medusa", "clover"),
+                   num_heads: int = 3) -> tuple[dict, dict]:
+    """Heads of each of ``kinds`` for ``target``, and where each came from: ``heads_dir``
+    (a heads folder, or one with medusa/ and clover/ subfolders), else the heads shipped
+    for the embedded model, else freshly initialised (untrained) heads.
+
+    Raises:
+        ValueError: a missing folder, or heads that do not fit the target.
+    """
+    from clover.cli import load_method
+    from clover.heads import shipped_heads_dir
+    from clover.models import EMBEDDED_NAME
+
+    heads, sources = {}, {}
+    if heads_dir and not any(_heads_folder(heads_dir, k) for k in ("medusa", "clover")):
+        raise ValueError(f"{heads_dir} holds no Medusa or Clover heads (expected config.json "
+                         f"and model.safetensors, or medusa/ and clover/ subfolders)")
+    for kind in kinds:
+        folder = _heads_folder(heads_dir, kind)
+        if folder is not None:
+            sources[kind] = f"loaded from {folder}"
+        elif target.name == EMBEDDED_NAME and shipped_heads_dir(kind):
+            sources[kind] = "trained, shipped with the app"
+        else:
+            sources[kind] = "untrained (freshly initialised)"
+        heads[kind] = load_method(kind, target, str(folder) if folder else None, num_heads)
+    return heads, sources
+
+
+def register_model(key: str, target, heads: dict | None = None, sources: dict | None = None,
+                   heads_dir: str | None = None, label: str | None = None,
+                   warm_up: bool = True) -> LoadedModel:
+    """Register an already loaded target under ``key``, with ``heads`` (per method, e.g.
+    from a test) where given and the rest loaded as :func:`load_heads_for` does.
+    """
+    given = dict(heads or {})
+    missing = [k for k in ("medusa", "clover") if k not in given]
+    loaded_heads, loaded_sources = load_heads_for(target, heads_dir, missing)
+    all_sources = {k: "given by the caller" for k in given}
+    all_sources.update(sources or {})
+    all_sources.update(loaded_sources)
+    loaded = LoadedModel(key, target, {"ar": None, **given, **loaded_heads}, all_sources,
+                         label or target.name)
+    if warm_up:
+        _warm_up(loaded)
+    with _MODELS_LOCK:
+        _MODELS[key] = loaded
+    return loaded
+
+
+def open_target(model: str | None):
+    """Load a target (None = the embedded model).
+
+    Raises:
+        ValueError: with a message for the visitor when it cannot be loaded.
+    """
+    if model and model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise ValueError(f"could not load the model {model!r}: there is no such folder")
+    try:
+        return load_target(model, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    except Exception as e:  # any loader failure becomes a message, never a stack trace
+        log.debug("could not load model %r", model, exc_info=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"could not load the model {model!r}: {first}") from None
+
+
+def get_model(model: str | None, heads_dir: str | None,
+              default_key: str = DEFAULT_MODEL_KEY) -> LoadedModel:
+    """The model a run asks for: the app's default when ``model`` and ``heads_dir`` are
+    empty, else loaded on first use (keeping a few) from a hub id or folder.
+
+    Raises:
+        ValueError: with a message for the visitor when the model or heads cannot load.
+    """
+    if not model and not heads_dir:
+        with _MODELS_LOCK:
+            if default_key in _MODELS:
+                return _MODELS[default_key]
+    key = f"{model or default_key}|{heads_dir or ''}"
+    with _MODELS_LOCK:
+        if key in _MODELS:
+            _MODELS.move_to_end(key)
+            return _MODELS[key]
+        default = _MODELS.get(default_key)
+    if not model and default is not None:  # the app's model with other heads
+        target, label = default.target, default.label
+    else:
+        target = open_target(model)
+        label = target.name if model else f"{target.name} (embedded)"
+    loaded = register_model(key, target, heads_dir=heads_dir, label=label)
+    with _MODELS_LOCK:
+        extra = [k for k in _MODELS if "|" in k and k != key]
+        for k in extra[: max(0, len(extra) - _MAX_EXTRA_MODELS + 1)]:
+            del _MODELS[k]
+    return loaded
+
+
+def _warm_up(loaded: LoadedModel) -> None:
+    """Decode two tokens with every method once, so the first visitor's timings do not
+    include one-off start-up costs."""
+    ids = encode_prompt(loaded.target.tokenizer, "Hello")
+    for method in METHODS:
+        Engine(loaded.target, loaded.heads[method], auto_tree()).generate(ids, 2)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _gpu(fn):
+    return spaces.GPU(duration=120)(fn) if spaces is not None else fn
+
+
+@_gpu
+def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: int,
+           sampling: SamplingConfig, tree: TreeConfig) -> Iterator[StepTrace | GenerationResult]:
+    """One run of the engine: yields each step's trace, then the :class:`GenerationResult`.
+
+    Takes the model by key (not the object) so that it can run in a ZeroGPU worker.
+    """
+    loaded = _MODELS[model_key]
+    run = Engine(loaded.target, loaded.heads[method], tree).stream(prompt_ids, max_new_tokens,
+                                                                   sampling)
+    for step in run:
+        yield step
+    yield run.result
+
+
+class PinnedIterator:
+    """Iterate ``make()`` in one dedicated thread, one item per ``next()``, in lock step.
+
+    Gradio advances a generator from whichever worker thread is free, and closes it from
+    another; the engine holds thread-local torch state (inference mode) across its
+    steps, so its iterator must live in one thread. Nothing runs ahead: the decoding
+    thread waits while the caller renders, so rendering never overlaps decoding.
+    """
+
+    def __init__(self, make: Callable[[], Iterator]):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = False
+        self._thread = threading.Thread(target=self._serve, args=(make,), daemon=True,
+                                        name="clover-decode")
+        self._thread.start()
+
+    def _serve(self, make):
+        it = None
+        try:
+            it = iter(make())
+            while self._requests.get() == "next":
+                try:
+                    self._replies.put(("item", next(it)))
+                except StopIteration:
+                    self._replies.put(("stop", None))
+                    return
+        except BaseException as e:  # handed to the caller, which re-raises it
+            self._replies.put(("error", e))
+        finally:
+            if it is not None and hasattr(it, "close"):
+                it.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        self._requests.put("next")
+        kind, value = self._replies.get()
+        if kind == "item":
+            return value
+        self._done = True
+        if kind == "stop":
+            raise StopIteration
+        raise value
+
+    def close(self) -> None:
+        """Stop the run (its iterator is closed in its own thread)."""
+        if not self._done:
+            self._done = True
+            self._requests.put("close")
+            self._thread.join(timeout=30)
+
+
+@dataclass
+class RunEvent:
+    """What :func:`run_methods` reports.
+
+    Attributes:
+        kind: "start" (a method's run begins), "step" (one decode step) or "done".
+        method: "ar", "medusa" or "clover".
+        live: True for the method the visitor asked to watch.
+        step: the step's trace (kind "step").
+        result: the run's result (kind "done").
+    """
+
+    kind: str
+    method: str
+    live: bool
+    step: StepTrace | None = None
+    result: GenerationResult | None = None
+
+
+def run_order(method: str, compare: bool) -> list[str]:
+    """Methods to run, one after another: the others first (baselines), the watched last."""
+    return [m for m in METHODS if m != method] + [method] if compare else [method]
+
+
+def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
+    """Prompt token ids, checked against the model's context the way the engine checks.
+
+    Raises:
+        ValueError: empty prompt, prompt too long for the context.
+    """
+    ids = encode_prompt(loaded.target.tokenizer, settings.prompt)
+    Engine(loaded.target).stream(ids, settings.max_new_tokens, settings.sampling)  # validates
+    return ids
+
+
+def run_methods(loaded: LoadedModel, settings: Settings,
+                prompt_ids: Sequence[int]) -> Iterator[RunEvent]:
+    """Run the methods one after another (never at once) and report every step.
+
+    Closing this generator stops the current run after its current step.
+    """
+    for method in run_order(settings.method, settings.compare):
+        live = method == settings.method
+        yield RunEvent("start", method, live)
+
+        def make(m=method):
+            return decode(loaded.key, m, list(prompt_ids), settings.max_new_tokens,
+                          settings.sampling, settings.tree)
+
+        with closing(PinnedIterator(make)) as steps:
+            for item in steps:
+                if isinstance(item, GenerationResult):
+                    yield RunEvent("done", method, live, result=item)
+                else:
+                    yield RunEvent("step", method, live, step=item)

@@ -1,0 +1,171 @@
+"""The app over its API: launched on a free local port, driven with gradio_client, decoding
+for real on the embedded model."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from app import runner
+from app.metrics import ACCEPTED, BONUS, REJECTED, ROOT
+from app.ui import build_demo
+from clover import Engine, encode_prompt
+from conftest import ScriptedHeads, oracle_tree_fn, serve, tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Name three colours of the rainbow."
+N = 20
+# outputs of /run, in order
+STATUS, BANNER, METRICS, TREE, TEXT, PLAIN = 0, 1, 2, 3, 4, 5
+
+
+@pytest.fixture(scope="module")
+def reference(embedded, one_thread):
+    """Plain greedy output for PROMPT, computed with the engine directly."""
+    ids = encode_prompt(embedded.tokenizer, PROMPT)
+    return ids, Engine(embedded).generate(ids, N)
+
+
+@pytest.fixture(scope="module")
+def app_url(embedded, reference):
+    """The app with oracle Clover heads (they draft the true continuation of PROMPT, so
+    drafts get accepted) and freshly initialised Medusa heads."""
+    from gradio_client import Client
+
+    ids, ref = reference
+    oracle = ScriptedHeads(embedded, oracle_tree_fn(ids + ref.token_ids, embedded.vocab_size))
+    demo = build_demo(target=embedded, method_heads={"clover": oracle}, warm_up=False)
+    url = serve(demo)
+    yield url, Client(url, verbose=False)
+    demo.close()
+
+
+def run(client, prompt=PROMPT, method="clover", temperature=0.0, max_new=N, tree="auto",
+        compare=True, model="", heads=""):
+    job = client.submit(prompt, method, temperature, max_new, tree, compare, model, heads,
+                        api_name="/run")
+    streamed = list(job)
+    return streamed, job.outputs()[-1]
+
+
+def latest(streamed, index):
+    """The last real value an output took (updates that skipped it are dicts)."""
+    values = [o[index] for o in streamed if not (isinstance(o[index], dict)
+                                                  and o[index].get("__type__") == "update")]
+    return values[-1] if values else None
+
+
+def tree_traces(value) -> dict:
+    """Node traces of a streamed tree figure, by status."""
+    assert isinstance(value, dict) and value["type"] == "plotly", value
+    data = json.loads(value["plot"])["data"]
+    return {t["meta"]: t for t in data if t.get("meta") in (ROOT, ACCEPTED, BONUS, REJECTED)}
+
+
+def test_streams_trees_and_matches_plain_greedy(app_url, reference):
+    _, client = app_url
+    _, ref = reference
+    streamed, final = run(client)
+    trees = [tree_traces(o[TREE]) for o in streamed if isinstance(o[TREE], dict)
+             and o[TREE].get("type") == "plotly" and '"meta":"root"' in o[TREE]["plot"]]
+    # one tree per Clover step at least (plus the after-run tree)
+    assert len(trees) >= 3
+    for t in trees:
+        assert len(t[ROOT]["x"]) == 1 and len(t[BONUS]["x"]) == 1
+    # some step accepted a path of drafted tokens, drawn from the root up to the bonus
+    accepted = [t for t in trees if len(t[ACCEPTED]["x"]) >= 2]
+    assert accepted
+    t = accepted[0]
+    assert sorted(t[ACCEPTED]["x"]) == list(range(1, len(t[ACCEPTED]["x"]) + 1))
+    assert t[BONUS]["x"][0] == len(t[ACCEPTED]["x"]) + 1
+    assert any(len(t[REJECTED]["x"]) > 0 for t in trees)
+    # the final text is exactly plain greedy decoding's
+    assert final[PLAIN] == ref.text
+    assert "Done" in final[STATUS] and "exactly the same text" in final[STATUS]
+    # live metrics were streamed, with speedups against both baselines
+    metrics = [o[METRICS] for o in streamed if isinstance(o[METRICS], str)]
+    assert any("speedup vs plain" in m and "×" in m.split("speedup vs plain")[1][:200]
+               for m in metrics)
+    text = latest(streamed, TEXT)
+    assert "generated-text" in text and 'title="step 1: ' in text
+    assert "accepted draft, depth 1" in text.split("generated-text")[1]
+    assert "Medusa heads:** ⚠ untrained" in latest(streamed, BANNER)
+
+
+def test_clear_messages_for_bad_input(app_url):
+    _, client = app_url
+    for kwargs, words in (
+        (dict(prompt="   "), "The prompt is empty"),
+        (dict(max_new=0), "Max new tokens must be a whole number from 1 to 512"),
+        (dict(max_new=2.5), "whole number"),
+        (dict(tree="banana"), "The tree setting 'banana' is not understood"),
+        (dict(prompt="x " * 9000), "context is 8192"),
+        (dict(model="/no/such/model"), "Could not load the model '/no/such/model'"),
+        (dict(heads="/no/such/heads"), "The heads folder /no/such/heads does not exist"),
+    ):
+        _, final = run(client, **kwargs)
+        assert words in final[STATUS], (kwargs, final[STATUS])
+        assert "Traceback" not in final[STATUS]
+    # widgets reject out-of-range values with their own message
+    job = client.submit(PROMPT, "clover", -1.0, N, "auto", True, "", "", api_name="/run")
+    with pytest.raises(Exception, match="less than minimum value 0"):
+        job.result()
+
+
+def test_model_without_heads_says_so(app_url, tmp_path, one_thread):
+    _, client = app_url
+    folder = tmp_path / "tiny-llama"
+    tiny_model("llama", vocab_size=96).save_pretrained(folder)
+    tiny_tokenizer(96).save_pretrained(folder)
+    streamed, final = run(client, prompt="t5 t6 t7", max_new=6, model=str(folder))
+    banner = latest(streamed, BANNER)
+    assert "tiny-llama" in banner and "Untrained draft heads" in banner
+    assert "Done" in final[STATUS]
+
+
+def test_visitors_get_their_own_runs_never_at_once(app_url, embedded, monkeypatch):
+    url, _ = app_url
+    from gradio_client import Client
+
+    active, peak, lock = [0], [0], threading.Lock()
+    decode = runner.decode
+
+    def counting(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            yield from decode(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(runner, "decode", counting)
+    other = "Say hello in French."
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    job_a = a.submit(PROMPT, "clover", 0, 10, "auto", True, "", "", api_name="/run")
+    job_b = b.submit(other, "medusa", 0, 10, "auto", False, "", "", api_name="/run")
+    out_a, out_b = job_a.result(), job_b.result()
+    assert peak[0] == 1  # no two runs decoded at the same time
+    for out, prompt in ((out_a, PROMPT), (out_b, other)):
+        ids = encode_prompt(embedded.tokenizer, prompt)
+        assert out[PLAIN] == Engine(embedded).generate(ids, 10).text
+        assert "Done" in out[STATUS]
+
+
+def test_cancel_stops_decoding_promptly(app_url):
+    _, client = app_url
+    job = client.submit(PROMPT, "ar", 0, 400, "auto", False, "", "", api_name="/run")
+    deadline = time.time() + 120
+    while len(job.outputs()) < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(job.outputs()) >= 4, "the run never started streaming"
+    job.cancel()
+    t0 = time.time()
+    while any(t.name == "clover-decode" for t in threading.enumerate()) and time.time() - t0 < 10:
+        time.sleep(0.05)
+    assert not any(t.name == "clover-decode" for t in threading.enumerate())
+    assert time.time() - t0 < 5

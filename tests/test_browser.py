@@ -1,0 +1,134 @@
+"""The app in a real browser: Debian's chromium (installed by .ci/run, never downloaded)
+driven by Playwright. Screenshots land in test-output/ (gitignored)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.ui import build_demo
+from conftest import serve
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
+
+
+@pytest.fixture(scope="module")
+def app_url(embedded, one_thread):
+    """The app as a visitor gets it: the embedded model with its default heads (freshly
+    initialised until trained heads ship)."""
+    demo = build_demo(target=embedded)
+    yield serve(demo)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does this)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def shot(page, tmp_path, name):
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    OUTPUT.mkdir(exist_ok=True)
+    shutil.copy(path, OUTPUT / name)
+    return path
+
+
+def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#prompt textarea")
+    assert "Untrained draft heads" in page.inner_text("#model-notice")
+    page.fill("#prompt textarea", "Write a haiku about autumn leaves.")
+    page.locator("#max-new-tokens input").fill("16")
+    page.click("#run-button")
+    # the live tree of the watched run, one update per step
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Clover · step')",
+                           timeout=240_000)
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=60_000)
+    page.locator("#tree-plot").screenshot(path=str(tmp_path / "tree-live.png"))
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+                           timeout=240_000)
+    page.wait_for_timeout(800)  # let Plotly draw the last figures
+    shot(page, tmp_path, "app-decode.png")
+
+    tree = page.locator("#tree-plot")
+    assert tree.is_visible()
+    legend = tree.inner_text()
+    assert "root (last committed token)" in legend and "bonus token (from the target)" in legend
+    assert tree.locator(".scatterlayer .point").count() >= 2
+    assert page.locator("#tree-plot .gtitle").text_content().startswith("Step ")
+
+    metrics = page.locator("#metrics")
+    assert metrics.is_visible()
+    text = metrics.inner_text()
+    for label in ("tokens / step", "tokens / s", "draft ms / step", "verify ms / step",
+                  "speedup vs plain", "speedup vs Medusa"):
+        assert label in text
+    assert "×" in text and "Plain" in text and "Medusa" in text
+
+    generated = page.locator("#generated-text")
+    assert generated.is_visible() and generated.locator("span").count() == 16
+    assert page.locator("#race-plot .js-plotly-plot").is_visible()
+    assert "Race replay" in page.locator("#race-plot").inner_text()
+    assert page.locator("#acceptance-plot .js-plotly-plot").is_visible()
+
+    # the race replays from the start of the recorded times
+    end_title = page.locator("#race-plot .gtitle").text_content()
+    page.click("#replay-button")
+    page.wait_for_function(
+        "document.querySelector('#race-plot .gtitle').textContent.startsWith('Race replay: 0.')"
+        f" && document.querySelector('#race-plot .gtitle').textContent !== {end_title!r}",
+        timeout=10_000)
+    page.wait_for_function(
+        f"document.querySelector('#race-plot .gtitle').textContent === {end_title!r}",
+        timeout=30_000)
+
+    # revisit step 2 with the slider's number box
+    box = page.locator("#step-slider input[type=number]")
+    box.fill("2")
+    box.press("Enter")
+    page.wait_for_function(
+        "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 2 of')",
+        timeout=30_000)
+
+    page.get_by_role("tab", name="How Clover works").click()
+    page.wait_for_selector("#diagram svg")
+    assert page.locator("#diagram svg").is_visible()
+    assert "Regressive Connection" in page.inner_text("#explainer")
+    shot(page, tmp_path, "app-explainer.png")
+    page.close()
+
+
+def test_stop_cancels_a_run(app_url, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#prompt textarea")
+    page.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
+    page.locator("#max-new-tokens input").fill("400")
+    page.get_by_label("Compare with the other methods").uncheck()
+    page.click("#run-button")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('step 3 ')",
+                           timeout=240_000)
+    page.click("#stop-button")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+                           timeout=15_000)
+    steps = page.locator("#metrics").inner_text()
+    page.wait_for_timeout(1500)
+    assert page.locator("#metrics").inner_text() == steps  # no more steps arrive
+    assert "Stopped" in page.inner_text("#status")
+    assert "stopped at" in page.locator("#race-plot").text_content()
+    shot(page, tmp_path, "app-stopped.png")
+    page.close()

@@ -1,0 +1,180 @@
+"""app.runner: settings validation, trees, chat transcripts, heads lookup, the pinned
+decoding thread, and runs of several methods one after another (tiny models)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from app import runner
+from clover import Engine, TreeConfig
+from clover.heads import new_heads
+from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
+
+
+def test_tree_config_choices():
+    assert runner.tree_config("auto") == runner.auto_tree() == TreeConfig()
+    assert runner.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, topk=3)
+    assert runner.tree_config("dynamic:budget=12,topk=4").budget == 12
+    assert runner.tree_config("small").kind == "static"
+    assert runner.tree_config("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
+    for bad, words in (("banana", "not understood"), ("0", "from 1 to 256"),
+                       ("2.5", "whole number"), ("[[1,0]]", "not understood")):
+        with pytest.raises(ValueError, match=words):
+            runner.tree_config(bad)
+
+
+def test_parse_chat_transcripts():
+    assert runner.parse_chat("Hi there") == "Hi there"
+    chat = runner.parse_chat("User: Name a fruit.\nAssistant: Apple.\nUser: Another?\nOne word.")
+    assert chat == [{"role": "user", "content": "Name a fruit."},
+                    {"role": "assistant", "content": "Apple."},
+                    {"role": "user", "content": "Another?\nOne word."}]
+    with pytest.raises(ValueError, match="must end with a 'User:' turn"):
+        runner.parse_chat("User: hi\nAssistant: hello")
+
+
+def test_parse_settings_accepts_and_rejects():
+    s = runner.parse_settings("Hello", "clover", 0, 32.0, "auto", True, " ", "")
+    assert (s.method, s.max_new_tokens, s.model, s.heads) == ("clover", 32, None, None)
+    assert s.sampling.temperature == 0 and s.tree == TreeConfig()
+    cases = [
+        (("  ", "clover", 0, 8, "auto"), "the prompt is empty"),
+        (("x" * (runner.MAX_PROMPT_CHARS + 1), "clover", 0, 8, "auto"), "prompt is too long"),
+        (("Hi", "turbo", 0, 8, "auto"), "unknown method 'turbo'"),
+        (("Hi", "ar", -1, 8, "auto"), "temperature must be between 0 and 5"),
+        (("Hi", "ar", "hot", 8, "auto"), "temperature must be a number"),
+        (("Hi", "ar", float("nan"), 8, "auto"), "temperature must be between"),
+        (("Hi", "ar", 0, 0, "auto"), "from 1 to 512"),
+        (("Hi", "ar", 0, 7.5, "auto"), "whole number"),
+        (("Hi", "ar", 0, 10_000, "auto"), "from 1 to 512"),
+        (("Hi", "ar", 0, None, "auto"), "whole number"),
+        (("Hi", "ar", 0, 8, "banana"), "tree setting 'banana' is not understood"),
+    ]
+    for args, words in cases:
+        with pytest.raises(ValueError, match=words):
+            runner.parse_settings(*args)
+
+
+def test_pinned_iterator_runs_and_closes_in_one_thread():
+    seen = []
+
+    def gen():
+        try:
+            for i in range(100):
+                seen.append(threading.get_ident())
+                yield i
+        finally:
+            seen.append(("closed", threading.get_ident()))
+
+    it = runner.PinnedIterator(gen)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    results = []
+    t = threading.Thread(target=lambda: results.append(next(it)))  # another caller thread
+    t.start()
+    t.join()
+    assert results == [3]
+    it.close()
+    assert seen[-1][0] == "closed"
+    threads = {x for x in seen[:-1]} | {seen[-1][1]}
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_pinned_iterator_passes_errors_and_ends():
+    def bad():
+        yield 1
+        raise ValueError("boom")
+
+    it = runner.PinnedIterator(bad)
+    assert next(it) == 1
+    with pytest.raises(ValueError, match="boom"):
+        next(it)
+    assert list(runner.PinnedIterator(lambda: iter([1, 2]))) == [1, 2]
+
+
+def test_heads_folder_lookup(tmp_path):
+    target = tiny_target("llama")
+    new_heads("clover", target, num_heads=2).save_pretrained(tmp_path / "clover")
+    heads, sources = runner.load_heads_for(target, str(tmp_path))
+    assert sources["clover"] == f"loaded from {tmp_path / 'clover'}"
+    assert heads["clover"].config.num_heads == 2
+    assert sources["medusa"].startswith("untrained")
+    with pytest.raises(ValueError, match="does not exist"):
+        runner.load_heads_for(target, str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no Medusa or Clover heads"):
+        runner.load_heads_for(target, str(tmp_path / "empty"))
+
+
+def test_model_notice_says_untrained():
+    target = tiny_target("llama")
+    loaded = runner.register_model("test-notice", target, warm_up=False)
+    assert loaded.untrained == ["medusa", "clover"]
+    assert "Untrained draft heads" in loaded.notice() and "tiny-llama" in loaded.notice()
+    given = runner.register_model("test-given", target, heads={"medusa": None, "clover": None},
+                                  warm_up=False)
+    assert given.untrained == [] and "Untrained" not in given.notice()
+
+
+def test_run_methods_one_after_another():
+    target = tiny_target("llama", vocab_size=64)
+    settings = runner.parse_settings("t5 t6 t7", "clover", 0, 12, "auto")
+    loaded = runner.register_model("test-runs", target, warm_up=True)
+    prompt = runner.encode(loaded, settings)
+    ref = Engine(target).generate(prompt, 12)
+    loaded.heads["clover"] = ScriptedHeads(target, oracle_tree_fn(prompt + ref.token_ids,
+                                                                  target.vocab_size))
+    events = list(runner.run_methods(loaded, settings, prompt))
+    starts = [(e.method, e.live) for e in events if e.kind == "start"]
+    assert starts == [("ar", False), ("medusa", False), ("clover", True)]
+    # each run finishes before the next starts
+    kinds = [(e.kind, e.method) for e in events]
+    assert kinds.index(("done", "ar")) < kinds.index(("start", "medusa"))
+    assert kinds.index(("done", "medusa")) < kinds.index(("start", "clover"))
+    done = {e.method: e.result for e in events if e.kind == "done"}
+    assert all(r.token_ids == ref.token_ids for r in done.values())
+    assert done["clover"].mean_accepted_length > 1.5
+    assert [e.method for e in runner.run_methods(loaded, runner.parse_settings(
+        "t5", "medusa", 0, 3, "auto", compare=False), prompt) if e.kind == "start"] == ["medusa"]
+    too_long = runner.parse_settings("t5 " * 300, "ar", 0, 8, "auto")
+    with pytest.raises(ValueError, match="context"):
+        runner.encode(loaded, too_long)
+
+
+def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
+    """On ZeroGPU hardware the ``spaces`` package exists and decoding must run inside a
+    ``spaces.GPU`` function; a stand-in ``spaces`` module records the calls."""
+    (tmp_path / "spaces.py").write_text(textwrap.dedent('''
+        calls = []
+        def GPU(fn=None, duration=None):
+            def wrap(f):
+                def inner(*args, **kwargs):
+                    calls.append((f.__name__, duration))
+                    return f(*args, **kwargs)
+                return inner
+            return wrap(fn) if fn is not None else wrap
+    '''))
+    script = textwrap.dedent('''
+        import spaces
+        from app import runner
+        from conftest import tiny_target
+        loaded = runner.register_model("zero", tiny_target("llama"), warm_up=False)
+        settings = runner.parse_settings("t5 t6", "clover", 0, 4, "auto")
+        events = list(runner.run_methods(loaded, settings, runner.encode(loaded, settings)))
+        assert spaces.calls == [("decode", 120)] * 3, spaces.calls
+        assert sum(e.kind == "done" for e in events) == 3
+        print("ok")
+    ''')
+    tests_dir = Path(__file__).resolve().parent
+    env_path = f"{tmp_path}:{tests_dir}:{tests_dir.parent}"
+    env = {**os.environ, "PYTHONPATH": env_path, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
