@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
     b.add_argument("--out", required=True, help="folder for results.json, results.md, charts.html")
+    for p in (g, d, t, b):
+        p.add_argument("--threads", type=_positive_int, default=None,
+                       help="CPU threads for torch (default: torch's choice)")
     return parser
 
 
@@ -216,6 +219,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     commands = {"generate": cmd_generate, "data": cmd_data, "train": cmd_train, "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)

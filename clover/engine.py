@@ -136,18 +136,21 @@ class DecodeRun:
         steps: list[StepTrace] = []
         stop_reason = "length"
 
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            if len(self.prompt) > 1:  # prefill all but the last prompt token, the first root
+        # inference mode is thread-local, so it is entered per block and never held across
+        # a yield: a consumer may resume this generator from another thread
+        t0 = time.perf_counter()
+        if len(self.prompt) > 1:  # prefill all but the last prompt token, the first root
+            with torch.inference_mode():
                 ids = torch.tensor([self.prompt[:-1]], device=device)
                 pos = torch.arange(ids.shape[1], device=device).unsqueeze(0)
                 out = target.forward(ids, pos, None, cache, last_only=True)
                 drafter.observe(out.hidden_pre, out.hidden_post)
             self._sync()
-            prefill_ms = (time.perf_counter() - t0) * 1e3
-            root = self.prompt[-1]
-            decode_s = 0.0  # engine time only: the consumer's time between steps is excluded
-            while True:
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        root = self.prompt[-1]
+        decode_s = 0.0  # sum of draft + verify time: neither trace building nor the consumer
+        while True:
+            with torch.inference_mode():
                 t_draft = time.perf_counter()
                 tree = drafter.draft(root, max_depth=self.max_new_tokens - len(new) - 1)
                 self._sync()
@@ -159,36 +162,33 @@ class DecodeRun:
                                      mask, cache)
                 acc = accept(tree, out.logits, sampling, generator)
                 compact_cache(cache, prefix, acc.path)
-                self._sync()
-                t_update = time.perf_counter()
-
                 committed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus_token]
                 kept, stop_reason = self._cut(new, committed)
                 new.extend(kept)
                 finished = stop_reason is not None
+                self._sync()
+                t_update = time.perf_counter()
                 if not finished:
                     drafter.observe(out.hidden_pre[acc.path], out.hidden_post[acc.path])
                     self._sync()
                     root = acc.bonus_token
                 t_end = time.perf_counter()
-                trace = StepTrace(
-                    step=len(steps),
-                    nodes=self._nodes(tree, out.logits),
-                    accepted=acc.path,
-                    bonus_token=acc.bonus_token,
-                    bonus_text=target.tokenizer.decode([acc.bonus_token]),
-                    new_tokens=kept,
-                    accepted_length=len(committed),
-                    draft_ms=((t_verify - t_draft) + (t_end - t_update)) * 1e3,
-                    verify_ms=(t_update - t_verify) * 1e3,
-                    total_tokens=len(new),
-                    finished=finished,
-                )
-                steps.append(trace)
-                decode_s += time.perf_counter() - t_draft
-                yield trace
-                if finished:
-                    break
+                draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
+                verify_ms = (t_update - t_verify) * 1e3
+                decode_s += (draft_ms + verify_ms) / 1e3
+                nodes = self._nodes(tree, out.logits)
+                bonus_prob = float(logits_to_probs(out.logits[acc.path[-1]], sampling)[acc.bonus_token])
+            trace = StepTrace(
+                step=len(steps), nodes=nodes, accepted=acc.path,
+                bonus_token=acc.bonus_token,
+                bonus_text=target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
+                new_tokens=kept, accepted_length=len(committed),
+                draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(new), finished=finished,
+            )
+            steps.append(trace)
+            yield trace
+            if finished:
+                break
 
         self.result = GenerationResult(
             text=target.tokenizer.decode(new, skip_special_tokens=True),

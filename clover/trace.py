@@ -49,12 +49,15 @@ class StepTrace:
         accepted: node ids of the accepted path, root first (root is always accepted).
         bonus_token / bonus_text: the token the target produced itself after the
             accepted path.
+        bonus_prob: the target's probability of the bonus token (after temperature /
+            top-k / top-p; greedy uses temperature 1).
         new_tokens: token ids committed by this step, in order (accepted drafts then the
             bonus token), already cut at EOS, a stop string or ``max_new_tokens``.
         accepted_length: tokens committed by this step before any cut: accepted drafts
             plus the bonus token (tau, "tokens per step").
         draft_ms / verify_ms: wall time of drafting (incl. head state refresh) and of
-            verification (target forward, acceptance, KV-cache compaction), in ms.
+            verification (target forward, acceptance, KV-cache compaction, stop
+            checks), in ms. Building this record is not included.
         total_tokens: new tokens generated so far, this step included.
         finished: True when generation stopped at this step.
     """
@@ -70,6 +73,7 @@ class StepTrace:
     verify_ms: float
     total_tokens: int
     finished: bool = False
+    bonus_prob: float = 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +89,8 @@ class GenerationResult:
         steps: one :class:`StepTrace` per decode step.
         prompt_tokens: number of prompt tokens.
         prefill_ms: wall time of the prompt prefill, in ms.
-        decode_s: wall time of all decode steps, in seconds.
+        decode_s: decoding time in seconds: the sum of every step's draft_ms and
+            verify_ms (time spent building traces or in the consumer is excluded).
         stop_reason: "eos", "length" or "stop_string".
         method: "ar", "medusa" or "clover".
     """

@@ -114,6 +114,8 @@ def test_trace_records():
         assert all(s.nodes[b].parent == a for a, b in zip(s.accepted, s.accepted[1:]))
         assert s.draft_ms >= 0 and s.verify_ms > 0
         assert s.new_tokens[-1] == s.bonus_token or s.finished
+    assert result.decode_s == pytest.approx(sum(s.draft_ms + s.verify_ms for s in steps) / 1e3)
+    assert 0 < steps[-1].bonus_prob <= 1.0 or steps[-1].finished
     summary = result.summary()
     assert summary["new_tokens"] == 12 and summary["tokens_per_second"] > 0
     assert summary["mean_accepted_length"] == pytest.approx(12 / len(steps))
