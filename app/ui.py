@@ -409,10 +409,10 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                 await asyncio.sleep(0.1)
 
         run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box]
-        run_event = run_btn.click(on_run, run_inputs, run_outputs, api_name="run",
+        run_btn.click(on_run, run_inputs, run_outputs, api_name="run",
                                   concurrency_limit=1, concurrency_id="decode",
                                   show_progress="hidden")
-        submit_event = prompt.submit(on_run, run_inputs, run_outputs, api_visibility="private",
+        prompt.submit(on_run, run_inputs, run_outputs, api_visibility="private",
                                      concurrency_limit=1, concurrency_id="decode",
                                      show_progress="hidden")
         # Stop is cooperative: the run checks the flag between steps (at most one step away)

@@ -15,6 +15,7 @@ to one of the node's children or stops; the token it then produces itself is the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -136,6 +137,20 @@ def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
         path.append(nxt)
 
 
+def _walk(tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, choose) -> Acceptance:
+    """Walk from the root: at each node, ``choose(p, children, tokens)`` returns the
+    child to move to, or ``(None, bonus_token)`` to stop; p is the target's (V,)
+    distribution there. Shared by the sampling rules."""
+    kids = tree.children()
+    tokens = tree.tokens.tolist()
+    path = [0]
+    while True:
+        child, bonus = choose(logits_to_probs(logits[path[-1]], cfg), kids[path[-1]], tokens)
+        if child is None:
+            return Acceptance(path, bonus)
+        path.append(child)
+
+
 def accept_sample(
     tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
 ) -> Acceptance:
@@ -150,28 +165,17 @@ def accept_sample(
     Args:
         logits: (N, V) target logits.
     """
-    kids = tree.children()
-    tokens = tree.tokens.tolist()
-    path = [0]
-    while True:
-        node = path[-1]
-        p = logits_to_probs(logits[node], cfg)
-        moved = False
-        for c in kids[node]:
-            t = tokens[c]
-            pc = float(p[t])
-            u = float(torch.rand((), generator=generator, device=p.device))
-            if pc > 0 and u < pc:
-                path.append(c)
-                moved = True
-                break
-            p[t] = 0.0
-            total = float(p.sum())
-            if total <= 0:  # cannot happen unless p was one-hot on rejected tokens
-                break
-            p = p / total
-        if not moved:
-            return Acceptance(path, sample(p, generator))
+    def choose(p, children, tokens):
+        for c in children:
+            pc = float(p[tokens[c]])
+            if float(torch.rand((), generator=generator, device=p.device)) < pc:
+                return c, None
+            # p(c) < 1 here, so the residual keeps some mass
+            p[tokens[c]] = 0.0
+            p = p / p.sum()
+        return None, sample(p, generator)
+
+    return _walk(tree, logits, cfg, choose)
 
 
 def accept_typical(
@@ -183,18 +187,13 @@ def accept_typical(
     ``min(typical_threshold, typical_alpha * exp(-H(p)))``; the acceptable child with
     the highest target probability is taken. The bonus token is sampled from p.
     """
-    kids = tree.children()
-    tokens = tree.tokens.tolist()
-    path = [0]
-    while True:
-        node = path[-1]
-        p = logits_to_probs(logits[node], cfg)
+    def choose(p, children, tokens):
         entropy = float(-(p * torch.log(p.clamp_min(1e-20))).sum())
-        bar = min(cfg.typical_threshold, cfg.typical_alpha * float(torch.exp(torch.tensor(-entropy))))
-        ok = [(float(p[tokens[c]]), c) for c in kids[node] if float(p[tokens[c]]) > bar]
-        if not ok:
-            return Acceptance(path, sample(p, generator))
-        path.append(max(ok)[1])
+        bar = min(cfg.typical_threshold, cfg.typical_alpha * math.exp(-entropy))
+        ok = [(float(p[tokens[c]]), c) for c in children if float(p[tokens[c]]) > bar]
+        return (max(ok)[1], None) if ok else (None, sample(p, generator))
+
+    return _walk(tree, logits, cfg, choose)
 
 
 def accept(

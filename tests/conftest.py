@@ -195,6 +195,15 @@ def random_tree_fn(vocab_size: int, seed: int = 0, depth: int = 2, branching: in
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama saved as a transformers folder (for --model PATH)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer(96).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct target (converted once, then cached)."""
     from clover.models import embedded_gguf_path, load_target

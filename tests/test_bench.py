@@ -7,15 +7,7 @@ import pytest
 
 from clover.bench import BenchConfig
 from clover.cli import main
-from conftest import tiny_model, tiny_tokenizer
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bench-model")
-    tiny_model("llama").save_pretrained(path)
-    tiny_tokenizer(96).save_pretrained(path)
-    return path
 
 
 @pytest.fixture()

@@ -5,17 +5,8 @@ import json
 
 import pytest
 
-from clover import Engine, encode_prompt, load_heads
+from clover import Engine, encode_prompt
 from clover.cli import main
-from conftest import tiny_model, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama").save_pretrained(path)
-    tiny_tokenizer(96).save_pretrained(path)
-    return path
 
 
 def test_generate_json_on_a_local_folder(tiny_dir, capsys):

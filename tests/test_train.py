@@ -1,7 +1,6 @@
 """Self-distillation data and head training on a tiny random model (CPU, seconds)."""
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
