@@ -410,11 +410,9 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
 
         run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box]
         run_btn.click(on_run, run_inputs, run_outputs, api_name="run",
-                                  concurrency_limit=1, concurrency_id="decode",
-                                  show_progress="hidden")
+                      concurrency_limit=1, concurrency_id="decode", show_progress="hidden")
         prompt.submit(on_run, run_inputs, run_outputs, api_visibility="private",
-                                     concurrency_limit=1, concurrency_id="decode",
-                                     show_progress="hidden")
+                      concurrency_limit=1, concurrency_id="decode", show_progress="hidden")
         # Stop is cooperative: the run checks the flag between steps (at most one step away)
         # and draws its own final state; closing the page still cancels the run outright.
         stop_btn.click(on_stop, [state], None, api_visibility="private", concurrency_limit=None,
