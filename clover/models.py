@@ -160,9 +160,24 @@ class TargetModel:
         out = self.model(input_ids=input_ids, position_ids=position_ids,
                          attention_mask=attention_mask, cache=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0)
+        pre, post = self._take_captured()
+        return TargetOutput(out.logits[0], pre[0], post[0])
+
+    def hidden_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states of a right-padded batch, no cache and no lm_head (training).
+
+        Args:
+            input_ids: (B, T) long.
+        Returns:
+            (B, T, D) states before and after the final norm.
+        """
+        self.base(input_ids=input_ids)
+        return self._take_captured()
+
+    def _take_captured(self) -> tuple[torch.Tensor, torch.Tensor]:
         pre, post = self._captured.pre, self._captured.post
         self._captured.pre = self._captured.post = None
-        return TargetOutput(out.logits[0], pre[0], post[0])
+        return pre, post
 
     def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:
         """The frozen lm_head applied to normed hidden states: (..., D) -> (..., V)."""

@@ -160,10 +160,7 @@ def collate(records: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
 def target_hidden(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Frozen target over a batch: (B, T, D) hidden states before and after the final norm."""
     with torch.no_grad():
-        post = target.base(input_ids=ids).last_hidden_state
-        pre = target._captured.pre
-        target._captured.pre = target._captured.post = None
-    return pre, post
+        return target.hidden_states(ids)
 
 
 class HiddenCache:
