@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
+    t.add_argument("--hidden-cache", default=None,
+                   help="safetensors file for the target's hidden states: computed once up front, "
+                        "reused by later runs on the same data (e.g. Medusa then Clover)")
     t.add_argument("--device", default=None)
 
     b = sub.add_parser("bench", help="measure plain, Medusa and Clover side by side")
@@ -186,7 +189,7 @@ def cmd_train(args) -> int:
         cfg = replace(TrainConfig(method=args.method),
                       **{k: v for k, v in overrides.items() if v is not None})
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
-    final = train(target, args.data, args.out, cfg, resume=not args.no_resume)
+    final = train(target, args.data, args.out, cfg, resume=not args.no_resume, hidden_cache=args.hidden_cache)
     print(json.dumps({"out": args.out, "heldout": final}))
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 import zlib
@@ -123,10 +124,9 @@ def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list
         ids, mask = r["input_ids"][: cfg.max_len], r["loss_mask"][: cfg.max_len]
         if sum(mask) < 2:
             continue
+        key = f"{r.get('id', r['question_id'])}:{zlib.crc32(bytes(str(ids), 'ascii')):08x}"
         (held if is_heldout(r["question_id"], cfg.heldout_percent) else train).append(
-            {"input_ids": ids, "loss_mask": mask})
-    for i, r in enumerate(train):
-        r["key"] = i
+            {"input_ids": ids, "loss_mask": mask, "key": key})
     if not train:
         raise ValueError(f"no training records in {data_dir}; run `clover data` first")
     return train, held
@@ -167,15 +167,34 @@ class HiddenCache:
     """The frozen target's hidden states per conversation, computed once and kept in
     host memory, so later epochs and the second method skip the target forward.
 
-    Stores (T_i, D) pre-norm states per conversation index; the normed states are
-    recomputed with the target's final norm (cheap).
+    Stores (T_i, D) pre-norm states per conversation key; the normed states are
+    recomputed with the target's final norm (cheap). With ``path`` the store is also a
+    safetensors file (about T x D x 4 bytes per conversation): loaded when it exists and
+    was written for the same target, extended by :meth:`fill` and written back by
+    :meth:`save`, so a Medusa and a Clover run on the same data pay for the target's
+    forward passes once.
+
+    Raises:
+        ValueError: when ``path`` holds states of another target or hidden size.
     """
 
-    def __init__(self, target, enabled: bool = True):
+    def __init__(self, target, enabled: bool = True, path: str | Path | None = None):
         self.target, self.enabled = target, enabled
-        self.store: dict[int, torch.Tensor] = {}
+        self.path = Path(path) if path else None
+        self.store: dict = {}
+        self.dirty = False
+        if self.path is not None and self.path.is_file():
+            from safetensors import safe_open
 
-    def __call__(self, keys: list[int], ids: torch.Tensor, lengths: list[int]):
+            with safe_open(str(self.path), "pt") as f:
+                meta = f.metadata() or {}
+                if meta.get("target") != target.name or int(meta.get("hidden_size", -1)) != target.hidden_size:
+                    raise ValueError(f"{self.path} holds hidden states of {meta.get('target')!r} "
+                                     f"(hidden size {meta.get('hidden_size')}), not of {target.name!r} "
+                                     f"({target.hidden_size}); delete it or pass another file")
+                self.store = {k: f.get_tensor(k) for k in f.keys()}
+
+    def __call__(self, keys: list, ids: torch.Tensor, lengths: list[int]):
         """(B, T, D) pre and post states for a right-padded batch ``ids``."""
         if not self.enabled:
             return target_hidden(self.target, ids)
@@ -184,7 +203,8 @@ class HiddenCache:
             width = max(lengths[i] for i in todo)
             pre, _ = target_hidden(self.target, ids[todo, :width])
             for j, i in enumerate(todo):
-                self.store[keys[i]] = pre[j, : lengths[i]].cpu()
+                self.store[keys[i]] = pre[j, : lengths[i]].cpu().contiguous()
+            self.dirty = True
         B, T = ids.shape
         pre = torch.zeros(B, T, self.target.hidden_size, dtype=self.target.dtype, device=ids.device)
         for i, k in enumerate(keys):
@@ -192,6 +212,32 @@ class HiddenCache:
         with torch.no_grad():
             post = self.target.final_norm(pre)
         return pre, post
+
+    def fill(self, records: list[dict], pad: int, batch_size: int = 8, progress: bool = True) -> None:
+        """Compute the states of every record not yet stored (shortest first, so batches
+        carry little padding) with a progress bar, then :meth:`save`."""
+        from tqdm.auto import tqdm
+
+        todo = sorted((r for r in records if r["key"] not in self.store), key=lambda r: len(r["input_ids"]))
+        for i in tqdm(range(0, len(todo), batch_size), desc="target hidden states",
+                      disable=not progress or not todo):
+            batch = todo[i: i + batch_size]
+            ids, _ = collate(batch, pad)
+            self([r["key"] for r in batch], ids.to(self.target.device), [len(r["input_ids"]) for r in batch])
+        self.save()
+
+    def save(self) -> None:
+        """Write the store to ``path`` (atomically) when it has new entries."""
+        if self.path is None or not self.dirty:
+            return
+        from safetensors.torch import save_file
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        save_file(self.store, str(tmp), metadata={"target": self.target.name,
+                                                  "hidden_size": str(self.target.hidden_size)})
+        os.replace(tmp, self.path)
+        self.dirty = False
 
 
 def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
@@ -281,16 +327,22 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
     return loss, stats
 
 
-def evaluate(heads, target, records, cfg: TrainConfig, pad: int) -> dict:
-    """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all positions)."""
+def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenCache | None = None) -> dict:
+    """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all positions).
+
+    ``hidden``: a :class:`HiddenCache` to take the target's states from (else the target runs).
+    """
     heads.eval()
     totals = [[0, 0, 0, 0.0, 0.0] for _ in range(heads.config.num_heads)]
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for i in range(0, min(len(records), cfg.eval_conversations), 4):
-            ids, mask = collate(records[i: i + 4], pad)
-            _, stats = batch_loss(heads, target, ids.to(target.device), mask.to(target.device), cfg, gen, 0,
-                                  exact_metrics=True)
+            batch = records[i: i + 4]
+            ids, mask = collate(batch, pad)
+            ids, mask = ids.to(target.device), mask.to(target.device)
+            states = (hidden([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
+                      if hidden is not None else None)
+            _, stats = batch_loss(heads, target, ids, mask, cfg, gen, 0, hidden=states, exact_metrics=True)
             for t, s in zip(totals, stats):
                 for j in range(5):
                     t[j] += s[j]
@@ -313,13 +365,16 @@ def lr_lambda(cfg: TrainConfig):
 
 
 def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
-          resume: bool = True, progress: bool = True, cache_hidden: bool = True) -> dict:
+          resume: bool = True, progress: bool = True, cache_hidden: bool = True,
+          hidden_cache: str | Path | None = None) -> dict:
     """Train heads for ``target`` and save them to ``out_dir``.
 
     Checkpoints go to ``out_dir/checkpoint`` every ``save_every`` steps; with ``resume``
     a later call continues from there. With ``cache_hidden`` the target's hidden states
     are kept in host memory after their first use (about T x D x 4 bytes per
-    conversation). The final heads are written with
+    conversation); with ``hidden_cache`` (a file path, see :class:`HiddenCache`) they are
+    all computed up front and shared with later runs on the same data. The final heads
+    are written with
     ``save_pretrained`` plus ``training.json`` (config, evaluations, wall time).
 
     Returns:
@@ -364,7 +419,9 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
         sched.load_state_dict(saved["scheduler"])
     heads, opt = accelerator.prepare(heads, opt)
     raw = accelerator.unwrap_model(heads)
-    hidden = HiddenCache(target, enabled=cache_hidden)
+    hidden = HiddenCache(target, enabled=cache_hidden or hidden_cache is not None, path=hidden_cache)
+    if hidden_cache is not None:
+        hidden.fill(train_set + held[: cfg.eval_conversations], pad, progress=progress)
     rng = random.Random(cfg.seed * 7919 + state["step"])
     gen = torch.Generator().manual_seed(cfg.seed * 104729 + state["step"])
 
@@ -395,7 +452,7 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
         last = state["step"] == cfg.steps
         if (cfg.eval_every and state["step"] % cfg.eval_every == 0) or last:
             if held:
-                ev = evaluate(raw, target, held, cfg, pad)
+                ev = evaluate(raw, target, held, cfg, pad, hidden)
                 state["evals"].append({"step": state["step"], "wall_s": round(state["wall_s"], 1),
                                        "train_loss": loss.item(), **ev})
                 log.info("step %d held-out %s", state["step"],

@@ -165,6 +165,28 @@ def test_hidden_cache_matches_a_fresh_forward():
     assert len(cache.store) == 3
 
 
+def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
+    from clover.train import HiddenCache, collate, target_hidden
+
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="medusa", steps=3, batch_size=2, positions=4, eval_every=0, save_every=0,
+                      heldout_percent=30, eval_conversations=4)
+    file = tmp_path / "hidden.safetensors"
+    with_file = train(target, data, tmp_path / "a", cfg, progress=False, hidden_cache=file)
+    without = train(target, data, tmp_path / "b", cfg, progress=False)
+    assert with_file == without  # same numbers whether the states come from the file or the target
+    train_set, held = load_split(data, cfg)
+    cache = HiddenCache(target, path=file)
+    assert set(cache.store) == {r["key"] for r in train_set + held[:4]}
+    ids, _ = collate([train_set[0]], 0)
+    want = target_hidden(target, ids)[0][0]
+    assert torch.allclose(cache.store[train_set[0]["key"]], want, atol=1e-5)
+    with pytest.raises(ValueError, match="hidden states of"):
+        HiddenCache(tiny_target("qwen2"), path=file)
+
+
 def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
     from clover.train import frequent_tokens
 
