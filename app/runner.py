@@ -40,9 +40,10 @@ DEFAULT_MODEL_KEY = "default"
 
 
 def auto_tree() -> TreeConfig:
-    """The tree used for the "auto" budget. For now the library's default dynamic tree;
-    the one place to swap in a tree sized by measuring the hardware."""
-    return TreeConfig()
+    """The tree setting "auto": the library's default dynamic tree, marked ``auto`` so each
+    model and method gets the budget measured for this machine (see
+    :meth:`LoadedModel.tree_for`)."""
+    return TreeConfig(auto=True)
 
 
 def tree_config(choice) -> TreeConfig:
@@ -174,6 +175,24 @@ class LoadedModel:
     heads: dict
     sources: dict = field(default_factory=dict)
     label: str = ""
+    auto_trees: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
+        """``tree``, or for an ``auto`` tree the dynamic tree whose budget
+        ``clover.autotree.auto_tree`` picks for this model, method and machine (measured on
+        first use, seconds on a CPU, then cached)."""
+        if not tree.auto or self.heads.get(method) is None:
+            return tree
+        from dataclasses import replace
+
+        from clover.autotree import auto_tree as measure
+
+        with self._lock:
+            if method not in self.auto_trees:
+                self.auto_trees[method], _ = measure(self.target, self.heads[method],
+                                                     replace(tree, auto=False))
+            return self.auto_trees[method]
 
     @property
     def untrained(self) -> list[str]:
@@ -187,6 +206,9 @@ class LoadedModel:
         heads = " · ".join(f"**{names[m]} heads:** {'⚠ ' if m in self.untrained else ''}"
                            f"{self.sources[m]}" for m in ("medusa", "clover"))
         text = (f"**Model:** {self.label} on {self.target.device.type} · {heads}")
+        if self.auto_trees:
+            text += " · **auto tree:** " + ", ".join(
+                f"{names[m]} {t.budget} drafted tokens" for m, t in sorted(self.auto_trees.items()))
         if self.untrained:
             which = " and ".join(names[m] for m in self.untrained)
             text += (f"\n\n> ⚠ **Untrained draft heads.** There are no trained {which} heads for "
@@ -318,11 +340,11 @@ def get_model(model: str | None, heads_dir: str | None,
 
 
 def _warm_up(loaded: LoadedModel) -> None:
-    """Decode two tokens with every method once, so the first visitor's timings do not
-    include one-off start-up costs."""
+    """Size the "auto" tree of each method for this machine and decode two tokens with every
+    method once, so the first visitor's timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
     for method in METHODS:
-        Engine(loaded.target, loaded.heads[method], auto_tree()).generate(ids, 2)
+        Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, auto_tree())).generate(ids, 2)
 
 
 # ---------------------------------------------------------------- decoding
@@ -340,8 +362,8 @@ def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: i
     Takes the model by key (not the object) so that it can run in a ZeroGPU worker.
     """
     loaded = _MODELS[model_key]
-    run = Engine(loaded.target, loaded.heads[method], tree).stream(prompt_ids, max_new_tokens,
-                                                                   sampling)
+    run = Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, tree)).stream(
+        prompt_ids, max_new_tokens, sampling)
     for step in run:
         yield step
     yield run.result

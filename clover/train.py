@@ -99,10 +99,10 @@ class TrainConfig:
 
 # Named presets, found by exact key. Medusa and Clover share data, steps and budget.
 PRESETS: dict[str, TrainConfig] = {
-    "smollm2-medusa": TrainConfig(method="medusa", steps=1500, batch_size=8, positions=64,
+    "smollm2-medusa": TrainConfig(method="medusa", steps=3000, batch_size=8, positions=64,
                                   draft_vocab=8192, eval_every=250, save_every=100,
                                   eval_conversations=32),
-    "smollm2-clover": TrainConfig(method="clover", steps=1500, batch_size=8, positions=64,
+    "smollm2-clover": TrainConfig(method="clover", steps=3000, batch_size=8, positions=64,
                                   draft_vocab=8192, eval_every=250, save_every=100,
                                   eval_conversations=32),
 }

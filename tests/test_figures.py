@@ -282,3 +282,19 @@ def test_origins_and_bars_of_a_recorded_trace(recorded):
     assert sum(k * v for k, v in counts.items()) >= len(recorded.token_ids)
     assert metrics.run_stats(recorded.steps).tokens_per_step == pytest.approx(
         recorded.mean_accepted_length)
+
+
+def test_tree_animation_has_a_frame_per_step_with_fixed_traces():
+    steps = [hand_step(0, 3), plain_step(1, 4), hand_step(2, 7)]
+    fig = figures.tree_animation(steps)
+    assert [f.name for f in fig.frames] == ["0", "1", "2"]
+    assert all(len(f.data) == len(fig.data) == 7 for f in fig.frames)
+    # frame 1 is plain decoding: no rejected drafts; frame 2 shows the hand tree's rejects
+    rejected = [next(t for t in f.data if t.meta == REJECTED) for f in fig.frames]
+    assert len(rejected[1].x) == 0 and len(rejected[2].x) == 3
+    assert [s.label for s in fig.layout.sliders[0].steps] == ["1", "2", "3"]
+    assert fig.layout.updatemenus[0].buttons[0].label == "Play"
+    assert "step 3" in fig.frames[2].layout.title.text.lower()
+    assert len(figures.tree_animation(steps, max_frames=2).frames) == 2
+    with pytest.raises(ValueError, match="no steps"):
+        figures.tree_animation([])

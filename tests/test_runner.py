@@ -18,7 +18,7 @@ from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
 
 def test_tree_config_choices():
-    assert runner.tree_config("auto") == runner.auto_tree() == TreeConfig()
+    assert runner.tree_config("auto") == runner.auto_tree() == TreeConfig(auto=True)
     assert runner.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, topk=3)
     assert runner.tree_config("dynamic:budget=12,topk=4").budget == 12
     assert runner.tree_config("small").kind == "static"
@@ -42,7 +42,7 @@ def test_parse_chat_transcripts():
 def test_parse_settings_accepts_and_rejects():
     s = runner.parse_settings("Hello", "clover", 0, 32.0, "auto", True, " ", "")
     assert (s.method, s.max_new_tokens, s.model, s.heads) == ("clover", 32, None, None)
-    assert s.sampling.temperature == 0 and s.tree == TreeConfig()
+    assert s.sampling.temperature == 0 and s.tree == TreeConfig(auto=True)
     cases = [
         (("  ", "clover", 0, 8, "auto"), "the prompt is empty"),
         (("x" * (runner.MAX_PROMPT_CHARS + 1), "clover", 0, 8, "auto"), "prompt is too long"),
@@ -121,6 +121,26 @@ def test_model_notice_says_untrained():
     given = runner.register_model("test-given", target, heads={"medusa": None, "clover": None},
                                   warm_up=False)
     assert given.untrained == [] and "Untrained" not in given.notice()
+
+
+def test_auto_tree_is_measured_once_per_method(monkeypatch):
+    import clover.autotree
+
+    target = tiny_target("llama", vocab_size=64)
+    loaded = runner.register_model("test-auto", target, warm_up=True)
+    assert set(loaded.auto_trees) == {"medusa", "clover"}
+    for tree in loaded.auto_trees.values():
+        assert tree.kind == "dynamic" and not tree.auto and tree.budget >= 1
+    assert "auto tree:" in loaded.notice()
+
+    def no_more(*a, **k):
+        raise AssertionError("measured twice")
+
+    monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
+    assert loaded.tree_for("clover", runner.tree_config("auto")) == loaded.auto_trees["clover"]
+    fixed = runner.tree_config("6")
+    assert loaded.tree_for("clover", fixed) == fixed
+    assert loaded.tree_for("ar", runner.tree_config("auto")).auto  # plain decoding has no tree
 
 
 def test_run_methods_one_after_another():

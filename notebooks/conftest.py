@@ -1,0 +1,14 @@
+"""Settings for notebooks executed as tests: offline, no telemetry, fast mode.
+
+`python -m pytest` collects tests/ and, through nbmake, executes notebooks/*.ipynb; the
+notebook kernels inherit this environment (CLOVER_NOTEBOOK_FAST=1: fewer prompts,
+tokens and steps).
+"""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("CLOVER_NOTEBOOK_FAST", "1")
