@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from clover.acceptance import SamplingConfig
-from clover.data import read_prompts
+from clover.data import interleave_categories, read_prompts
 from clover.engine import Engine
 from clover.trace import GenerationResult
 
@@ -38,7 +38,8 @@ class BenchConfig:
         max_new_tokens: per turn.
         temperature: 0 = greedy (then outputs are also checked against plain).
         repeats: passes over the prompts.
-        max_prompts: use only the first N prompts (None = all).
+        max_prompts: use only N prompts, taken round-robin over the task categories in
+            file order, so a short run still covers every category (None = all).
         warmup: warm-up generations per method before timing.
         seed: sampling seed (per prompt and repeat, shared by methods).
     """
@@ -134,7 +135,9 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     missing = [m for m in cfg.methods if m not in engines]
     if missing:
         raise ValueError(f"no engine for {missing}")
-    prompts = read_prompts(prompts_path)[: cfg.max_prompts]
+    prompts = read_prompts(prompts_path)
+    if cfg.max_prompts is not None:
+        prompts = interleave_categories(prompts)[: cfg.max_prompts]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

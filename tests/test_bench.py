@@ -74,6 +74,16 @@ def test_bench_reads_spec_bench_format(tiny_dir, tmp_path):
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["meta"]["n_prompts"] == 2 and {r["method"] for r in res["runs"]} == {"ar", "clover"}
+    assert len({r["category"] for r in res["runs"]}) == 2  # round-robin over categories
+
+
+def test_bench_max_prompts_covers_every_category(tiny_dir, prompts, tmp_path):
+    out = tmp_path / "few"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-prompts", "2",
+               "--methods", "ar", "--max-new-tokens", "2", "--out", str(out)])
+    assert rc == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [(r["question_id"], r["category"]) for r in runs] == [("1", "qa"), ("2", "multi_turn")]
 
 
 def test_bench_config_errors(tiny_dir, prompts, tmp_path, capsys):
