@@ -181,12 +181,16 @@ class LoadedModel:
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
         """``tree``, or for an ``auto`` tree the dynamic tree whose budget
         ``clover.autotree.auto_tree`` picks for this model, method and machine (measured on
-        first use, seconds on a CPU, then cached)."""
+        first use, seconds on a CPU, then cached). On ZeroGPU (``spaces``) decoding runs on
+        hardware this process cannot time, so the default budget is used there."""
         if not tree.auto or self.heads.get(method) is None:
             return tree
         from dataclasses import replace
 
         from clover.autotree import auto_tree as measure
+
+        if spaces is not None:
+            return replace(tree, auto=False)
 
         with self._lock:
             if method not in self.auto_trees:

@@ -42,7 +42,9 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 @dataclass
 class AutoTreeReport:
-    """What ``auto_tree`` measured (per budget N: tau, draft and verify ms, tokens/s)."""
+    """What ``auto_tree`` measured, per budget N: tau, draft and verify ms, and the
+    nodes the timed tree really had (at most N; fewer when the heads' top-p and
+    ``min_ratio`` cuts leave fewer candidates); ``plain_ms`` is one plain step."""
 
     budgets: list[int]
     tau: list[float]
@@ -50,6 +52,7 @@ class AutoTreeReport:
     verify_ms: list[float]
     plain_ms: float
     chosen: int
+    nodes: list[int] = None
 
     def expected_speedup(self) -> list[float]:
         """Expected speedup over plain decoding per budget."""
@@ -92,6 +95,36 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def pool_size(tree: TreeConfig, depth: int) -> int:
+    """Most drafted nodes a dynamic tree can hold: ``topk`` children of the root, then
+    ``topk`` children of each of the ``topk`` frontier nodes per further depth."""
+    return tree.topk + max(0, depth - 1) * tree.topk ** 2
+
+
+def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list[float]:
+    """Median wall time (ms) of one target forward over n new tokens on top of a KV cache
+    of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
+    attention mask, as verification runs them). Shows how the cost grows with the
+    tokens processed at once: nearly flat on a GPU, rising on a CPU."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (1, prefix_len + max(sizes)), generator=gen).to(target.device)
+    out = []
+    with torch.inference_mode():
+        cache = new_cache(target.config)
+        target.forward(ids[:, :prefix_len], torch.arange(prefix_len, device=target.device)[None],
+                       None, cache, last_only=True)
+        for n in sizes:
+            chain = list(range(-1, n - 1))
+            mask = tree_mask(chain, prefix_len, target.dtype, target.device) if n > 1 else None
+            pos = position_ids(list(range(n)), prefix_len, target.device)
+
+            def run():
+                target.forward(ids[:, prefix_len: prefix_len + n], pos, mask, cache)
+                crop_cache(cache, prefix_len)
+            out.append(_time(run, repeats))
+    return out
+
+
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 3,
               prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
@@ -100,7 +133,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     Args:
         heads: Medusa or Clover heads (None returns ``base`` unchanged).
         base: the dynamic TreeConfig whose ``budget`` is tuned (default TreeConfig()).
-        budgets: candidate budgets N (drafted nodes, root excluded).
+        budgets: candidate budgets N (drafted nodes, root excluded); those above the
+            tree's :func:`pool_size` are dropped (that budget is tried instead), since
+            they would all draft the same tree.
         tokens: calibration tokens generated per prompt.
         prefix_len: cached prefix length for the timing forwards.
     Returns:
@@ -109,9 +144,10 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     base = base or TreeConfig()
     if heads is None:
         return base, AutoTreeReport([], [], [], [], 0.0, base.budget)
-    budgets = sorted(set(b for b in budgets if b >= 1))
-    big = replace(base, kind="dynamic", budget=max(budgets))
     depth = heads.config.num_heads
+    pool = pool_size(base, depth)
+    budgets = sorted(set(min(b, pool) for b in budgets if b >= 1))
+    big = replace(base, kind="dynamic", budget=max(budgets))
 
     # tau(N) from the calibration text
     lengths = {b: [] for b in budgets}
@@ -153,15 +189,16 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 
         root = int(ids[0, -1])
         plain_ms = _time(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
-        draft_ms, verify_ms = [], []
+        draft_ms, verify_ms, nodes = [], [], []
         for b in budgets:
             drafter.tree = replace(big, budget=b)
             tree = drafter.draft(root, depth)
+            nodes.append(len(tree) - 1)
             draft_ms.append(_time(lambda: drafter.draft(root, depth), repeats))
             verify_ms.append(_time(verify(tree), repeats))
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
-    report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, budgets[best])
+    report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, budgets[best], nodes)
     log.info("auto tree: budget %d (tau %.2f, %.1f + %.1f ms/step; plain %.1f ms/token)",
              budgets[best], tau[best], draft_ms[best], verify_ms[best], plain_ms)
     return replace(base, kind="dynamic", budget=budgets[best]), report

@@ -175,11 +175,14 @@ class HiddenCache:
     forward passes once.
 
     Raises:
-        ValueError: when ``path`` holds states of another target or hidden size.
+        ValueError: when ``path`` holds states of another target: its name, dtype or a
+            fingerprint of its weights differ (two builds of one model, e.g. a quantised
+            GGUF and the hub weights, share a name but not their hidden states).
     """
 
-    def __init__(self, target, enabled: bool = True, path: str | Path | None = None):
-        self.target, self.enabled = target, enabled
+    def __init__(self, target, enabled: bool = True, path: str | Path | None = None,
+                 write: bool = True):
+        self.target, self.enabled, self.write = target, enabled, write
         self.path = Path(path) if path else None
         self.store: dict = {}
         self.dirty = False
@@ -188,11 +191,28 @@ class HiddenCache:
 
             with safe_open(str(self.path), "pt") as f:
                 meta = f.metadata() or {}
-                if meta.get("target") != target.name or int(meta.get("hidden_size", -1)) != target.hidden_size:
-                    raise ValueError(f"{self.path} holds hidden states of {meta.get('target')!r} "
-                                     f"(hidden size {meta.get('hidden_size')}), not of {target.name!r} "
-                                     f"({target.hidden_size}); delete it or pass another file")
+                want = self.metadata()
+                if any(meta.get(k) != v for k, v in want.items()):
+                    raise ValueError(f"{self.path} holds hidden states of another target "
+                                     f"({meta.get('target')!r}, {meta.get('dtype')}, weights "
+                                     f"{meta.get('fingerprint')}), not of {target.name!r} "
+                                     f"({want['dtype']}, weights {want['fingerprint']}); delete it "
+                                     f"or pass another file")
                 self.store = {k: f.get_tensor(k) for k in f.keys()}
+
+    def metadata(self) -> dict[str, str]:
+        """What identifies the target's states: name, hidden size, dtype and a hash of its
+        lm_head and last-layer weights."""
+        import hashlib
+
+        from clover.models import decoder_layers
+
+        h = hashlib.sha1()
+        last = decoder_layers(self.target.base)[-1]
+        for w in (self.target.lm_head.weight[:256], *list(last.parameters())[:2]):
+            h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
+        return {"target": self.target.name, "hidden_size": str(self.target.hidden_size),
+                "dtype": str(self.target.dtype).replace("torch.", ""), "fingerprint": h.hexdigest()[:16]}
 
     def __call__(self, keys: list, ids: torch.Tensor, lengths: list[int]):
         """(B, T, D) pre and post states for a right-padded batch ``ids``."""
@@ -227,15 +247,15 @@ class HiddenCache:
         self.save()
 
     def save(self) -> None:
-        """Write the store to ``path`` (atomically) when it has new entries."""
-        if self.path is None or not self.dirty:
+        """Write the store to ``path`` (atomically) when it has new entries (only from the
+        main process when several run)."""
+        if self.path is None or not self.dirty or not self.write:
             return
         from safetensors.torch import save_file
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        save_file(self.store, str(tmp), metadata={"target": self.target.name,
-                                                  "hidden_size": str(self.target.hidden_size)})
+        save_file(self.store, str(tmp), metadata=self.metadata())
         os.replace(tmp, self.path)
         self.dirty = False
 
@@ -336,8 +356,9 @@ def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenC
     totals = [[0, 0, 0, 0.0, 0.0] for _ in range(heads.config.num_heads)]
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for i in range(0, min(len(records), cfg.eval_conversations), 4):
-            batch = records[i: i + 4]
+        n = min(len(records), cfg.eval_conversations)
+        for i in range(0, n, 4):
+            batch = records[i: min(i + 4, n)]
             ids, mask = collate(batch, pad)
             ids, mask = ids.to(target.device), mask.to(target.device)
             states = (hidden([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
@@ -419,7 +440,8 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
         sched.load_state_dict(saved["scheduler"])
     heads, opt = accelerator.prepare(heads, opt)
     raw = accelerator.unwrap_model(heads)
-    hidden = HiddenCache(target, enabled=cache_hidden or hidden_cache is not None, path=hidden_cache)
+    hidden = HiddenCache(target, enabled=cache_hidden or hidden_cache is not None, path=hidden_cache,
+                         write=accelerator.is_main_process)
     if hidden_cache is not None:
         hidden.fill(train_set + held[: cfg.eval_conversations], pad, progress=progress)
     rng = random.Random(cfg.seed * 7919 + state["step"])

@@ -12,3 +12,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CLOVER_NOTEBOOK_FAST", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Notebooks load the embedded model: mark them slow (``-m "not slow"`` skips them)."""
+    import pytest
+
+    for item in items:
+        if str(item.fspath).endswith(".ipynb"):
+            item.add_marker(pytest.mark.slow)

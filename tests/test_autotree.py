@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
-from clover.autotree import _accepted_length, _budget_subtree, auto_tree
+from clover.autotree import _accepted_length, _budget_subtree, auto_tree, pool_size, time_forward
 from clover.tree import Tree, grow_dynamic
 from conftest import perturb, tiny_target
 
@@ -44,9 +44,12 @@ def test_auto_tree_on_a_tiny_model():
     target = tiny_target("llama")
     target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
     heads = perturb(new_heads("clover", target), 0.1)
-    cfg, report = auto_tree(target, heads, budgets=(1, 4, 16), tokens=8, repeats=1, prefix_len=16)
-    assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16)
-    assert len(report.tau) == 3 and all(t >= 1.0 for t in report.tau)
+    cfg, report = auto_tree(target, heads, budgets=(1, 4, 16, 64), tokens=8, repeats=1, prefix_len=16)
+    # 64 is beyond the tree's pool (3 + 2 * 9 = 21 nodes for topk 3, 3 heads): tried as 21
+    assert report.budgets == [1, 4, 16, 21] and pool_size(TreeConfig(), 3) == 21
+    assert all(n <= b for n, b in zip(report.nodes, report.budgets)) and report.nodes[0] == 1
+    assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16, 21)
+    assert len(report.tau) == 4 and all(t >= 1.0 for t in report.tau)
     assert report.tau == sorted(report.tau)  # a bigger tree never accepts less
     assert all(v > 0 for v in report.verify_ms) and report.plain_ms > 0
     speed = [t / (d + v) for t, d, v in zip(report.tau, report.draft_ms, report.verify_ms)]
@@ -56,3 +59,9 @@ def test_auto_tree_on_a_tiny_model():
     assert engine.autotree_report is not None and not engine.tree.auto
     prompt = [5, 6, 7, 8]
     assert engine.generate(prompt, 12).token_ids == Engine(target).generate(prompt, 12).token_ids
+
+
+def test_time_forward_times_each_size():
+    target = tiny_target("llama")
+    ms = time_forward(target, [1, 4, 9], prefix_len=8, repeats=1)
+    assert len(ms) == 3 and all(m > 0 for m in ms)

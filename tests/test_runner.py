@@ -141,6 +141,7 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
     fixed = runner.tree_config("6")
     assert loaded.tree_for("clover", fixed) == fixed
     assert loaded.tree_for("ar", runner.tree_config("auto")).auto  # plain decoding has no tree
+    del runner._MODELS["test-auto"]
 
 
 def test_run_methods_one_after_another():
