@@ -32,7 +32,7 @@ def reference(embedded, one_thread):
 @pytest.fixture(scope="module")
 def app_url(embedded, reference):
     """The app with oracle Clover heads (they draft the true continuation of PROMPT, so
-    drafts get accepted) and freshly initialised Medusa heads."""
+    drafts get accepted) and the Medusa heads shipped for the embedded model."""
     from gradio_client import Client
 
     ids, ref = reference
@@ -92,7 +92,7 @@ def test_streams_trees_and_matches_plain_greedy(app_url, reference):
     text = latest(streamed, TEXT)
     assert "generated-text" in text and 'title="step 1: ' in text
     assert "accepted draft, depth 1" in text.split("generated-text")[1]
-    assert "Medusa heads:** ⚠ untrained" in latest(streamed, BANNER)
+    assert "Medusa heads:** trained, shipped with the app" in latest(streamed, BANNER)
 
 
 def test_clear_messages_for_bad_input(app_url):

@@ -20,8 +20,8 @@ OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
 
 @pytest.fixture(scope="module")
 def app_url(embedded, one_thread):
-    """The app as a visitor gets it: the embedded model with its default heads (freshly
-    initialised until trained heads ship)."""
+    """The app as a visitor gets it: the embedded model with its shipped heads and the
+    auto tree measured at start-up."""
     demo = build_demo(target=embedded)
     yield serve(demo)
     demo.close()
@@ -50,7 +50,9 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(app_url)
     page.wait_for_selector("#prompt textarea")
-    assert "Untrained draft heads" in page.inner_text("#model-notice")
+    notice = page.inner_text("#model-notice")
+    assert "trained, shipped with the app" in notice and "Untrained" not in notice
+    assert "auto tree:" in notice
     page.fill("#prompt textarea", "Write a haiku about autumn leaves.")
     page.locator("#max-new-tokens input").fill("16")
     page.click("#run-button")
