@@ -101,6 +101,19 @@ def pool_size(tree: TreeConfig, depth: int) -> int:
     return tree.topk + max(0, depth - 1) * tree.topk ** 2
 
 
+def _verify_once(target, cache, prefix_len: int, tree: Tree):
+    """A callable that runs one verification forward of ``tree`` on top of the
+    ``prefix_len`` cached tokens, then crops the cache back (for timing)."""
+    tokens = tree.tokens.to(target.device)[None]
+    pos = position_ids(tree.depths, prefix_len, target.device)
+    mask = tree_mask(tree.parents, prefix_len, target.dtype, target.device) if len(tree) > 1 else None
+
+    def run():
+        target.forward(tokens, pos, mask, cache)
+        crop_cache(cache, prefix_len)
+    return run
+
+
 def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list[float]:
     """Median wall time (ms) of one target forward over n new tokens on top of a KV cache
     of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
@@ -114,14 +127,9 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
         target.forward(ids[:, :prefix_len], torch.arange(prefix_len, device=target.device)[None],
                        None, cache, last_only=True)
         for n in sizes:
-            chain = list(range(-1, n - 1))
-            mask = tree_mask(chain, prefix_len, target.dtype, target.device) if n > 1 else None
-            pos = position_ids(list(range(n)), prefix_len, target.device)
-
-            def run():
-                target.forward(ids[:, prefix_len: prefix_len + n], pos, mask, cache)
-                crop_cache(cache, prefix_len)
-            out.append(_time(run, repeats))
+            chain = Tree(ids[0, prefix_len: prefix_len + n], list(range(-1, n - 1)), list(range(n)),
+                         [1.0] * n)
+            out.append(_time(_verify_once(target, cache, prefix_len, chain), repeats))
     return out
 
 
@@ -179,13 +187,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         drafter.observe(out.hidden_pre, out.hidden_post)
 
         def verify(tree: Tree):
-            def run():
-                target.forward(tree.tokens.to(target.device)[None],
-                               position_ids(tree.depths, prefix_len, target.device),
-                               tree_mask(tree.parents, prefix_len, target.dtype, target.device)
-                               if len(tree) > 1 else None, cache)
-                crop_cache(cache, prefix_len)
-            return run
+            return _verify_once(target, cache, prefix_len, tree)
 
         root = int(ids[0, -1])
         plain_ms = _time(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
