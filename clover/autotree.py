@@ -32,9 +32,18 @@ from clover.tree import Tree, TreeConfig, position_ids, tree_mask
 
 log = logging.getLogger(__name__)
 
+# one short prompt per task kind of the benchmark (written for calibration only; neither
+# training nor benchmark prompts), so tau(N) is not tuned to one kind of text
 CALIBRATION_PROMPTS = (
     "Give three tips for staying focused while studying.",
-    "Translate to French: The library opens at nine in the morning.",
+    "Translate to French: The library opens at nine in the morning and closes at six.",
+    "Summarise in two sentences: The town council met on Monday to discuss the new bus "
+    "routes. Residents asked for later evening services and a stop near the hospital. "
+    "The council agreed to run a six-month trial starting in spring.",
+    "Why do leaves change colour in autumn?",
+    "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain step by step.",
+    "Using this note, answer the question. Note: The museum is closed on Mondays; tickets "
+    "cost 12 euros, 6 for students. Question: How much do two students pay?",
     "Write a Python function that returns the largest number in a list.",
 )
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -134,7 +143,7 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
-              prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 3,
+              prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 5,
               prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
     """Pick the dynamic tree budget that maximises expected tokens/s.
 

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from clover.cpu_linear import use_few_row_linears
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -115,7 +117,7 @@ class TargetModel:
     """
 
     def __init__(self, model, tokenizer, name: str):
-        self.model = model.eval().requires_grad_(False)
+        self.model = use_few_row_linears(model.eval().requires_grad_(False))
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config

@@ -291,7 +291,9 @@ def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: 
     ``cfg.topk`` children that survive the top-p cut and the ``min_ratio`` floor, score
     them by joint probability; the ``cfg.topk`` best become the next frontier. At the end
     keep the ``cfg.budget`` best nodes overall. A child's joint probability never
-    exceeds its parent's, and ties are broken by depth, so the kept set is a tree.
+    exceeds its parent's, and ties are broken by depth, so the kept set is a tree; for
+    the same reason the growth stops early once ``cfg.budget`` nodes beat the whole
+    frontier (a small budget then costs fewer head calls, with an identical tree).
     """
     # candidate pool: (joint, depth, id, token, parent id, prob); the root has id 0
     pool: list[tuple[float, int, int, int, int, float]] = []
@@ -299,6 +301,9 @@ def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: 
     for d in range(max_depth):
         if not frontier:
             break
+        if len(pool) >= cfg.budget and \
+                sorted(c[0] for c in pool)[-cfg.budget] >= max(f[3] for f in frontier):
+            break  # no deeper node can beat the kept ones: the same tree, fewer head calls
         dist = expand(d, [f[0] for f in frontier], [f[1] for f in frontier],
                       [f[2] for f in frontier])  # (n, V)
         top_p, top_t = _top(dist, min(cfg.topk, dist.shape[-1]), vocab)

@@ -142,3 +142,44 @@ def test_parse_tree_spec():
 def test_parse_tree_spec_errors(spec, msg):
     with pytest.raises(ValueError, match=msg):
         parse_tree_spec(spec)
+
+
+def random_expand(seed, vocab=12):
+    """Children distributions drawn at random per (depth, token path), reproducibly."""
+    calls = []
+
+    def expand(depth, node_ids, parent_ids, tokens):
+        calls.append(depth)
+        rows = []
+        for nid, t in zip(node_ids, tokens):
+            g = torch.Generator().manual_seed(seed * 1000 + depth * 100 + int(t))
+            rows.append(torch.softmax(3 * torch.randn(vocab, generator=g), -1))
+        return torch.stack(rows)
+
+    expand.calls = calls
+    return expand
+
+
+def unpruned(root, cfg, expand, depth):
+    """The reference: grow every depth, then keep the ``cfg.budget`` best nodes."""
+    full = grow_dynamic(root, TreeConfig(budget=10_000, topk=cfg.topk, top_p=cfg.top_p,
+                                         min_ratio=cfg.min_ratio), expand, depth)
+    joint = [1.0]
+    for i in range(1, len(full)):
+        joint.append(joint[full.parents[i]] * full.draft_probs[i])
+    best = sorted(range(1, len(full)), key=lambda i: (-joint[i], full.depths[i], i))[: cfg.budget]
+    return sorted((full.depths[i], full.tokens[i].item(), full.draft_probs[i]) for i in best)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("budget", [1, 2, 3, 5, 9, 21])
+def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
+    """Stopping once the budget beats the frontier drafts exactly the unpruned tree."""
+    cfg = TreeConfig(budget=budget, topk=3, top_p=0.95, min_ratio=0.02)
+    expand = random_expand(seed)
+    tree = grow_dynamic(4, cfg, expand, max_depth=3)
+    check_tree(tree)
+    got = sorted((tree.depths[i], tree.tokens[i].item(), tree.draft_probs[i]) for i in range(1, len(tree)))
+    assert got == unpruned(4, cfg, random_expand(seed), 3)
+    if budget == 1:
+        assert expand.calls == [0]  # the best child of the root beats everything deeper

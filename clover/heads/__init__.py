@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from clover.cpu_linear import use_few_row_linears
 from clover.heads.base import DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits
 from clover.heads.clover import CloverHeads
 from clover.heads.medusa import MedusaHeads
@@ -29,7 +30,8 @@ def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config)
     heads = CloverHeads(cfg, target.config) if kind == "clover" else MedusaHeads(cfg)
     if draft_vocab is not None:
         heads.set_draft_vocab(draft_vocab)
-    return heads.init_from_target(target).to(device=target.device, dtype=target.dtype).eval()
+    heads = heads.init_from_target(target).to(device=target.device, dtype=target.dtype)
+    return use_few_row_linears(heads).eval()
 
 
 def load_heads(path: str | Path, target) -> DraftHeads:
@@ -46,7 +48,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
     heads = CloverHeads(cfg, target.config) if cfg.kind == "clover" else MedusaHeads(cfg)
     heads = heads.to(device=target.device, dtype=target.dtype)
     heads.load_weights(path)
-    return heads.eval().requires_grad_(False)
+    return use_few_row_linears(heads).eval().requires_grad_(False)
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads",

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from clover.cpu_linear import few_row_linear
 from clover.tree import Tree, TreeConfig, root_only
 
 CONFIG_FILE = "config.json"
@@ -171,7 +172,7 @@ class DraftHeads(nn.Module):
         if self._vocab_weight is None or self._vocab_weight.device != w.device or \
                 self._vocab_weight.dtype != w.dtype:
             self._vocab_weight = w.detach()[self.draft_vocab.to(w.device)]  # (V', D)
-        out = nn.functional.linear(h, self._vocab_weight)
+        out = few_row_linear(h, self._vocab_weight)
         bias = getattr(target.lm_head, "bias", None)
         return out if bias is None else out + bias[self.draft_vocab.to(bias.device)]
 

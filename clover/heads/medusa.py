@@ -49,11 +49,10 @@ class MedusaHeads(DraftHeads):
             (index k-1) predicts the token k positions after the token that
             ``hidden_post`` predicts.
         """
-        outs = []
-        for k, block in enumerate(self.blocks):
-            h = block(hidden_post)
-            outs.append(self.lm_heads[k](h) if self.lm_heads is not None else self.vocab_logits(h, target))
-        return torch.stack(outs, dim=-2)
+        h = torch.stack([block(hidden_post) for block in self.blocks], dim=-2)  # (..., K, D)
+        if self.lm_heads is None:  # one product over all K heads: the weights are read once
+            return self.vocab_logits(h, target)
+        return torch.stack([head(h[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
 
     def drafter(self, target, tree: TreeConfig) -> "MedusaDrafter":
         return MedusaDrafter(self, target, tree)
