@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from clover.cpu_attention import use_gqa_sdpa
 from clover.cpu_linear import use_few_row_linears
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class TargetModel:
 
     def __init__(self, model, tokenizer, name: str):
         self.model = use_few_row_linears(model.eval().requires_grad_(False))
+        use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
