@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="heads folder (checkpoints in OUT/checkpoint)")
     for name, typ in (("num-heads", int), ("steps", int), ("batch-size", int), ("positions", int),
                       ("lr", float), ("decay", float), ("hidden-weight", float),
-                      ("eval-every", int), ("save-every", int), ("seed", int), ("draft-vocab", int)):
+                      ("eval-every", int), ("save-every", int), ("seed", int), ("draft-vocab", int),
+                      ("max-conversations", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
@@ -178,7 +179,8 @@ def cmd_train(args) -> int:
 
     overrides = {k: getattr(args, k) for k in ("num_heads", "steps", "batch_size", "positions", "lr",
                                                "decay", "hidden_weight", "eval_every", "save_every",
-                                               "seed", "mixed_precision", "draft_vocab")}
+                                               "seed", "mixed_precision", "draft_vocab",
+                                               "max_conversations")}
     if args.preset:
         cfg = preset(args.preset, **overrides)
         if args.method and args.method != cfg.method:

@@ -59,6 +59,9 @@ class TrainConfig:
         mixed_precision: accelerate's "no", "bf16" or "fp16" (GPU only).
         draft_vocab: V', draft only among the V' tokens most frequent in the training
             answers (0 = the whole vocabulary); see ``HeadConfig.draft_vocab_size``.
+        max_conversations: use only the first N conversations of the data folder, in
+            file order, before the held-out split (0 = all); reproduces heads trained
+            before the folder grew.
     """
 
     method: str = "clover"
@@ -80,6 +83,7 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = "no"
     draft_vocab: int = 0
+    max_conversations: int = 0
 
     def __post_init__(self):
         if self.method not in ("medusa", "clover"):
@@ -91,8 +95,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 < self.decay <= 1 or self.lr <= 0:
             raise ValueError("decay must be in (0, 1] and lr > 0")
-        if self.draft_vocab < 0:
-            raise ValueError("draft_vocab must be >= 0")
+        if self.draft_vocab < 0 or self.max_conversations < 0:
+            raise ValueError("draft_vocab and max_conversations must be >= 0")
         if not 0 <= self.heldout_percent < 100:
             raise ValueError("heldout_percent must be in [0, 100)")
 
@@ -120,7 +124,9 @@ def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list
         ValueError: when the folder holds no usable records.
     """
     train, held = [], []
-    for r in read_records(data_dir):
+    for n, r in enumerate(read_records(data_dir)):
+        if cfg.max_conversations and n >= cfg.max_conversations:
+            break
         ids, mask = r["input_ids"][: cfg.max_len], r["loss_mask"][: cfg.max_len]
         if sum(mask) < 2:
             continue

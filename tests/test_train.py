@@ -1,6 +1,7 @@
 """Self-distillation data and head training on a tiny random model (CPU, seconds)."""
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 
 import pytest
@@ -209,3 +210,15 @@ def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
     assert vocab == frequent_tokens(train_set, 16, 96, always=[1])
     ev = evaluate(heads, target, train_set, cfg, 1)
     assert 0 <= ev["head1"]["top1"] <= ev["head1"]["top5"] <= 1
+
+
+def test_max_conversations_takes_the_first_records_in_file_order(tmp_path, prompt_file):
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="medusa", heldout_percent=0)
+    everything, _ = load_split(data, cfg)
+    first, _ = load_split(data, replace(cfg, max_conversations=5))
+    assert len(everything) > 5 and first == everything[:5]
+    with pytest.raises(ValueError, match="max_conversations"):
+        TrainConfig(max_conversations=-1)
