@@ -32,8 +32,9 @@ from clover.tree import Tree, TreeConfig, position_ids, tree_mask
 
 log = logging.getLogger(__name__)
 
-# one short prompt per task kind of the benchmark (written for calibration only; neither
-# training nor benchmark prompts), so tau(N) is not tuned to one kind of text
+# one short single-turn prompt per task kind of the benchmark, written for calibration
+# (not taken from the training or benchmark files), so tau(N) is not tuned to one kind
+# of text
 CALIBRATION_PROMPTS = (
     "Give three tips for staying focused while studying.",
     "Translate to French: The library opens at nine in the morning and closes at six.",
@@ -44,7 +45,7 @@ CALIBRATION_PROMPTS = (
     "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain step by step.",
     "Using this note, answer the question. Note: The museum is closed on Mondays; tickets "
     "cost 12 euros, 6 for students. Question: How much do two students pay?",
-    "Write a Python function that returns the largest number in a list.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
 )
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 

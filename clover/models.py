@@ -115,6 +115,11 @@ class TargetModel:
             ``SmolLM2-135M-Instruct`` for the embedded model).
         hidden_size (D), vocab_size (V), max_context (positions).
         eos_token_ids: ids that end generation.
+
+    The wrapped model is changed in place for speed on a CPU, without changing what it
+    computes: its ``nn.Linear`` layers become ``clover.cpu_linear.FewRowLinear`` and, with
+    grouped KV heads under SDPA, its attention becomes ``clover.cpu_attention``'s
+    (``config._attn_implementation == "clover_sdpa"``).
     """
 
     def __init__(self, model, tokenizer, name: str):

@@ -18,11 +18,32 @@ def test_matches_f_linear(rows, bias):
     torch.testing.assert_close(out, nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_other_dtypes_and_one_dim_inputs_take_f_linear():
-    w = torch.randn(16, 8, dtype=torch.float64)
-    x = torch.randn(8, dtype=torch.float64)
-    assert torch.equal(few_row_linear(x, w), nn.functional.linear(x, w))
-    assert few_row_linear(torch.randn(8), torch.randn(16, 8)).shape == (16,)
+def test_takes_the_transposed_product_only_for_few_fp32_cpu_rows(monkeypatch):
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(a.shape) or real_mm(a, b))
+    w = torch.randn(16, 8)
+    x = torch.randn(8)
+    torch.testing.assert_close(few_row_linear(x, w), nn.functional.linear(x, w))
+    assert few_row_linear(x, w).shape == (16,) and calls  # one row: the fast path
+    calls.clear()
+    few_row_linear(torch.randn(MAX_ROWS + 1, 8), w)  # too many rows
+    few_row_linear(torch.randn(2, 8, dtype=torch.float64), w.double())  # not fp32
+    assert calls == []
+
+
+def test_gradients_match_nn_linear():
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 5)
+    fast = FewRowLinear(8, 5)
+    fast.load_state_dict(ref.state_dict())
+    x1 = torch.randn(3, 8, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    ref(x1).square().sum().backward()
+    fast(x2).square().sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad)
+    torch.testing.assert_close(fast.weight.grad, ref.weight.grad)
+    torch.testing.assert_close(fast.bias.grad, ref.bias.grad)
 
 
 def test_use_few_row_linears_swaps_plain_linears_in_place():

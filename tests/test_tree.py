@@ -168,7 +168,16 @@ def unpruned(root, cfg, expand, depth):
     for i in range(1, len(full)):
         joint.append(joint[full.parents[i]] * full.draft_probs[i])
     best = sorted(range(1, len(full)), key=lambda i: (-joint[i], full.depths[i], i))[: cfg.budget]
-    return sorted((full.depths[i], full.tokens[i].item(), full.draft_probs[i]) for i in best)
+    return sorted(token_path(full, i) for i in best)
+
+
+def token_path(tree, i):
+    """The tokens from the root's child down to node i."""
+    path = []
+    while i > 0:
+        path.append(tree.tokens[i].item())
+        i = tree.parents[i]
+    return tuple(reversed(path))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -179,7 +188,7 @@ def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
     expand = random_expand(seed)
     tree = grow_dynamic(4, cfg, expand, max_depth=3)
     check_tree(tree)
-    got = sorted((tree.depths[i], tree.tokens[i].item(), tree.draft_probs[i]) for i in range(1, len(tree)))
+    got = sorted(token_path(tree, i) for i in range(1, len(tree)))
     assert got == unpruned(4, cfg, random_expand(seed), 3)
     if budget == 1:
         assert expand.calls == [0]  # the best child of the root beats everything deeper
