@@ -27,11 +27,10 @@ def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config)
         draft_vocab = sorted(set(int(t) for t in draft_vocab))
         config["draft_vocab_size"] = len(draft_vocab)
     cfg = HeadConfig.for_target(kind, target, num_heads=num_heads, **config)
-    heads = CloverHeads(cfg, target.config) if kind == "clover" else MedusaHeads(cfg)
+    heads = _build(cfg, target)
     if draft_vocab is not None:
         heads.set_draft_vocab(draft_vocab)
-    heads = heads.init_from_target(target).to(device=target.device, dtype=target.dtype)
-    return use_few_row_linears(heads).eval()
+    return heads.init_from_target(target).to(device=target.device, dtype=target.dtype).eval()
 
 
 def load_heads(path: str | Path, target) -> DraftHeads:
@@ -45,10 +44,15 @@ def load_heads(path: str | Path, target) -> DraftHeads:
     check_fits(cfg, target)
     if cfg.target and cfg.target != target.name:
         log.warning("heads in %s were trained for %s, not %s", path, cfg.target, target.name)
-    heads = CloverHeads(cfg, target.config) if cfg.kind == "clover" else MedusaHeads(cfg)
-    heads = heads.to(device=target.device, dtype=target.dtype)
+    heads = _build(cfg, target).to(device=target.device, dtype=target.dtype)
     heads.load_weights(path)
-    return use_few_row_linears(heads).eval().requires_grad_(False)
+    return heads.eval().requires_grad_(False)
+
+
+def _build(cfg: HeadConfig, target) -> DraftHeads:
+    """Uninitialised heads of ``cfg.kind`` whose linear layers take the few-row CPU path."""
+    heads = CloverHeads(cfg, target.config) if cfg.kind == "clover" else MedusaHeads(cfg)
+    return use_few_row_linears(heads)
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads",

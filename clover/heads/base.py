@@ -148,6 +148,7 @@ class DraftHeads(nn.Module):
         else:
             self.draft_vocab = None
         self._vocab_weight = None  # (V', D) rows of the frozen lm_head, built lazily
+        self._vocab_bias = None  # (V',) matching lm_head bias entries, or None
 
     def set_draft_vocab(self, token_ids) -> None:
         """Choose the V' draft tokens (sorted ids; e.g. the most frequent in the data).
@@ -171,10 +172,11 @@ class DraftHeads(nn.Module):
         w = target.lm_head.weight
         if self._vocab_weight is None or self._vocab_weight.device != w.device or \
                 self._vocab_weight.dtype != w.dtype:
-            self._vocab_weight = w.detach()[self.draft_vocab.to(w.device)]  # (V', D)
-        out = few_row_linear(h, self._vocab_weight)
-        bias = getattr(target.lm_head, "bias", None)
-        return out if bias is None else out + bias[self.draft_vocab.to(bias.device)]
+            ids = self.draft_vocab.to(w.device)
+            bias = getattr(target.lm_head, "bias", None)
+            self._vocab_weight = w.detach()[ids]  # (V', D)
+            self._vocab_bias = None if bias is None else bias.detach()[ids]  # (V',)
+        return few_row_linear(h, self._vocab_weight, self._vocab_bias)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         self._vocab_weight = None
