@@ -150,6 +150,26 @@ def test_draft_vocabulary(kind, tmp_path):
         heads.set_draft_vocab([1, 2])
 
 
+@pytest.mark.parametrize("kind", ["medusa", "clover"])
+def test_draft_vocabulary_with_a_biased_lm_head_and_few_row_linears(kind, tmp_path):
+    """An lm_head bias is sliced with its weight; new and loaded heads take the few-row path."""
+    from clover.cpu_linear import FewRowLinear
+    target = tiny_target("llama")
+    vocab = [2, 7, 11, 30, 64]
+    heads = new_heads(kind, target, draft_vocab=vocab, own_lm_head=False)
+    h = torch.randn(4, target.hidden_size)
+    before = heads.vocab_logits(h, target)
+    with torch.no_grad():
+        target.lm_head.bias = torch.nn.Parameter(torch.randn(target.vocab_size))
+    heads.set_draft_vocab(vocab)  # drops the cached slice
+    assert torch.allclose(heads.vocab_logits(h, target), target.head_logits(h)[:, vocab], atol=1e-6)
+    assert not torch.allclose(heads.vocab_logits(h, target), before)
+    heads.save_pretrained(tmp_path)
+    for hs in (heads, load_heads(tmp_path, target)):
+        linears = [m for m in hs.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears and all(type(m) is FewRowLinear for m in linears)
+
+
 def test_medusa_own_lm_head_over_draft_vocabulary():
     target = tiny_target("llama")
     heads = new_heads("medusa", target, num_heads=2, own_lm_head=True, draft_vocab=[3, 4, 5, 70])
