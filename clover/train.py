@@ -117,16 +117,21 @@ def is_heldout(question_id, percent: int) -> bool:
     return zlib.crc32(str(question_id).encode()) % 100 < percent
 
 
-def load_split(data_dir: str | Path, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+def load_split(data_dir: str | Path, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], list[dict]]:
     """(train, held-out) records of a data folder, cut to ``max_len``.
+
+    ``tokenizer`` (the target's) rebuilds records stored without their prompt text
+    (ShareGPT prompts, see :func:`clover.data.read_records`); without it they are skipped.
 
     Raises:
         ValueError: when the folder holds no usable records.
     """
     train, held = [], []
-    for n, r in enumerate(read_records(data_dir)):
+    for n, r in enumerate(read_records(data_dir, tokenizer)):
         if cfg.max_conversations and n >= cfg.max_conversations:
             break
+        if "input_ids" not in r:
+            continue
         ids, mask = r["input_ids"][: cfg.max_len], r["loss_mask"][: cfg.max_len]
         if sum(mask) < 2:
             continue
@@ -417,7 +422,7 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision,
                               cpu=target.device.type == "cpu")
     torch.manual_seed(cfg.seed)
-    train_set, held = load_split(data_dir, cfg)
+    train_set, held = load_split(data_dir, cfg, target.tokenizer)
     pad = min(target.eos_token_ids) if target.eos_token_ids else 0
     state = {"step": 0, "wall_s": 0.0, "evals": [], "config": asdict(cfg)}
     if resume and (ckpt / "state.json").is_file():

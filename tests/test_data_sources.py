@@ -1,0 +1,172 @@
+"""Training prompts and data at CPU speed: ShareGPT parsing, Magpie prompts, the benchmark
+overlap filter, batched generation and forward labels (tiny models, seconds)."""
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from clover import Engine
+from clover.batchgen import Request, generate_batch, generate_many
+from clover.data import DataConfig, build_dataset, read_prompts, read_records
+from clover.prompts import (OverlapFilter, build_prompt_mix, is_english, iter_json_array, magpie_prompts,
+                            overlap_filter, sharegpt_turns)
+from clover.train import target_hidden
+from conftest import tiny_target
+
+
+def _prompts(n=40, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 96) for _ in range(rng.randrange(1, 30))] for _ in range(n)]
+
+
+def test_tolerant_parser_on_a_truncated_file(tmp_path):
+    convs = [{"id": f"c{i}_0", "conversations": [{"from": "human", "value": f"Question number {i}, please?"},
+                                                 {"from": "gpt", "value": "An answer."}]}
+             for i in range(5)]
+    text = json.dumps(convs, indent=2)
+    cut = text[: text.index('"c3_0"') + 30]  # mid-way through the fourth conversation
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut)
+    assert [c["id"] for c in iter_json_array(cut)] == ["c0_0", "c1_0", "c2_0"]
+    assert len(list(iter_json_array(text))) == 5
+    with pytest.raises(ValueError):
+        list(iter_json_array('{"a": 1}'))
+
+
+def test_sharegpt_turns_keeps_user_turns_only(tmp_path):
+    convs = [
+        {"id": "a_0", "conversations": [{"from": "human", "value": "How do I bake bread at home?"},
+                                        {"from": "gpt", "value": "GPT TEXT"},
+                                        {"from": "human", "value": "And without yeast?"}]},
+        {"id": "a_1", "conversations": [{"from": "human", "value": "continue the list please"}]},
+        {"id": "b_0", "conversations": [{"from": "gpt", "value": "Opening by the model"}]},
+        {"id": "c_0", "conversations": [{"from": "human", "value": "how do i  bake bread at home?"}]},
+        {"id": "d_0", "conversations": [{"from": "human", "value": "Как испечь хлеб дома?"}]},
+        {"id": "e_0", "conversations": [{"from": "human", "value": "hi"}]},
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(convs)[:-1])  # truncated: no closing bracket
+    turns = sharegpt_turns(path)
+    assert turns == {"sharegpt:a_0": ["How do I bake bread at home?", "And without yeast?"]}
+    assert not any("GPT TEXT" in t for v in turns.values() for t in v)
+    assert is_english("Plain English text.") and not is_english("日本語のテキストです")
+
+
+def test_overlap_filter_drops_planted_near_duplicates():
+    refs = ["Summarize the following news article about the new bridge over the river in two sentences.",
+            "What is the capital of France?"]
+    planted = {"question_id": 1, "turns": ["Please summarize the following news article about the new "
+                                           "bridge over the river, thanks"]}
+    short = {"question_id": 2, "turns": ["what is the capital of france"]}
+    second_turn = {"question_id": 3, "turns": ["Hello there", "What is the capital of France?"]}
+    clean = {"question_id": 4, "turns": ["Write a poem about a bridge over the river at night."]}
+    kept, dropped = overlap_filter([planted, short, second_turn, clean], refs)
+    assert [p["question_id"] for p in kept] == [4]
+    assert [p["question_id"] for p in dropped] == [1, 2, 3]
+    assert not OverlapFilter(refs).near("the capital")  # too short to judge: kept
+
+
+def test_prompt_mix_writes_sharegpt_by_reference(tmp_path, monkeypatch):
+    import clover.data
+    import clover.prompts
+
+    secret = {"sharegpt:x_0": ["A private question about gardening tomatoes?"],
+              "sharegpt:y_0": ["What is the capital of France?", "And of Spain?"]}
+    monkeypatch.setattr(clover.prompts, "sharegpt_turns", lambda *a, **k: dict(secret))
+    monkeypatch.setattr(clover.prompts, "sharegpt_licence", lambda: "none declared")
+    monkeypatch.setattr(clover.data, "_SHAREGPT", dict(secret))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"question_id": 9, "turns": ["What is the capital of France?"]}) + "\n")
+    magpie = [{"question_id": "magpie:0:1", "category": "magpie", "turns": ["Tell me a fun fact about owls."]}]
+    out = tmp_path / "mix.jsonl"
+    counts = build_prompt_mix(out, magpie=magpie, exclude=[bench])
+    assert counts["kept"] == {"sharegpt": 1, "magpie": 1} and counts["dropped"] == {"sharegpt": 1}
+    assert "gardening" not in out.read_text()  # the text stays in the package
+    prompts = read_prompts(out)
+    assert prompts[0]["turns"] == secret["sharegpt:x_0"] and prompts[1]["category"] == "magpie"
+
+    target = tiny_target("llama", eos=1)
+    # the tiny tokenizer knows words t0..t95: give the ShareGPT prompt such words
+    monkeypatch.setattr(clover.data, "_SHAREGPT", {"sharegpt:x_0": ["t5 t6 t7", "t8 t9"]})
+    (tmp_path / "p.jsonl").write_text(json.dumps({"question_id": "sharegpt:x_0", "category": "sharegpt"}) + "\n")
+    build_dataset(target, tmp_path / "p.jsonl", tmp_path / "data", DataConfig(max_new_tokens=6), progress=False)
+    stored = next(read_records(tmp_path / "data"))
+    assert "input_ids" not in stored and len(stored["answers"]) == 2
+    rebuilt = next(read_records(tmp_path / "data", target.tokenizer))
+    start = rebuilt["loss_mask"].index(1)
+    assert rebuilt["input_ids"][start:start + len(stored["answers"][0])] == stored["answers"][0]
+    assert sum(rebuilt["loss_mask"]) == sum(len(a) for a in stored["answers"])
+
+
+def test_batched_generation_equals_plain_greedy_with_eos():
+    t = tiny_target("llama", eos=1)
+    prompts = _prompts()
+    common = Counter(x for p in prompts for x in Engine(t).generate(p, 20).token_ids).most_common(3)[2][0]
+    t = tiny_target("llama", eos=common)  # an EOS that real answers hit at varied lengths
+    want = [Engine(t).generate(p, 20).token_ids for p in prompts]
+    assert len({len(w) for w in want}) > 3
+    for batch_size in (1, 3, 16, 64):
+        assert generate_batch(t, prompts, 20, batch_size=batch_size) == want
+
+
+def test_sampled_rows_do_not_depend_on_batching():
+    t = tiny_target("qwen2", eos=5)
+    prompts = _prompts(24, seed=1)
+    a = generate_batch(t, prompts, 16, temperature=1.0, seeds=list(range(24)), batch_size=4)
+    b = generate_batch(t, prompts, 16, temperature=1.0, seeds=list(range(24)), batch_size=24)
+    c = generate_batch(t, prompts, 16, temperature=1.0, seeds=list(range(1, 25)), batch_size=24)
+    assert a == b and a != c
+
+
+def test_follow_up_requests_join_a_running_batch():
+    from collections import deque
+
+    t = tiny_target("llama")
+    queue = deque([Request(("first", i), p) for i, p in enumerate(_prompts(6))])
+    seen = []
+    for key, answer in generate_many(t, queue, 5, batch_size=4):
+        seen.append(key)
+        if key[0] == "first":
+            queue.append(Request(("second", key[1]), _prompts(6)[key[1]] + answer))
+    assert sorted(seen) == sorted([("first", i) for i in range(6)] + [("second", i) for i in range(6)])
+    with pytest.raises(ValueError, match="empty prompt"):
+        list(generate_many(t, [Request(0, [])], 4))
+
+
+def test_forward_labels_equal_generation_time_labels():
+    """The trainer labels text with one forward (teacher forcing); the distributions equal
+    those the target had while generating it, step by step with its KV cache."""
+    from transformers import DynamicCache
+
+    t = tiny_target("llama")
+    prompt = _prompts(1, seed=3)[0]
+    answer = Engine(t).generate(prompt, 12).token_ids
+    ids = torch.tensor([prompt + answer])
+    step_logits = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=t.config)
+        out = t.model(input_ids=ids[:, : len(prompt)], cache=cache, use_cache=True)
+        step_logits.append(out.logits[0, -1])
+        for k in range(len(answer) - 1):
+            out = t.model(input_ids=ids[:, len(prompt) + k: len(prompt) + k + 1], cache=cache, use_cache=True)
+            step_logits.append(out.logits[0, -1])
+        _, post = target_hidden(t, ids)
+        forward = t.head_logits(post[0, len(prompt) - 1: len(prompt) + len(answer) - 1])
+    gen = torch.stack(step_logits)
+    torch.testing.assert_close(torch.softmax(forward, -1), torch.softmax(gen, -1), atol=1e-5, rtol=1e-4)
+    assert forward.argmax(-1).tolist() == answer
+
+
+def test_magpie_prompts_are_seeded_and_filtered():
+    t = tiny_target("llama", eos=1)
+    a = magpie_prompts(t, 12, seed=7, max_new_tokens=24, progress=False)
+    b = magpie_prompts(t, 12, seed=7, max_new_tokens=24, progress=False)
+    c = magpie_prompts(t, 12, seed=8, max_new_tokens=24, progress=False)
+    assert a == b and a and a != c
+    assert all(p["category"] == "magpie" and p["question_id"].startswith("magpie:7:") for p in a)
+    texts = [p["turns"][0] for p in a]
+    assert len(set(texts)) == len(texts) and all(10 <= len(x) <= 400 for x in texts)
