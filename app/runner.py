@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 from clover import (Engine, SamplingConfig, TreeConfig, encode_prompt, load_target,
                     parse_tree_spec)
+from clover.engine import validate_request
 from clover.trace import GenerationResult, StepTrace
 
 log = logging.getLogger(__name__)
@@ -460,7 +461,7 @@ def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
         ValueError: empty prompt, prompt too long for the context.
     """
     ids = encode_prompt(loaded.target.tokenizer, settings.prompt)
-    Engine(loaded.target).stream(ids, settings.max_new_tokens, settings.sampling)  # validates
+    validate_request(loaded.target, ids, settings.max_new_tokens)
     return ids
 
 

@@ -23,12 +23,18 @@ import torch
 from clover.tree import Tree
 
 
+# temperatures below this are greedy decoding (see SamplingConfig)
+GREEDY_BELOW = 1e-4
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How tokens are chosen.
 
     Attributes:
         temperature: 0 means greedy; > 0 samples from softmax(logits / temperature).
+            Temperatures below :data:`GREEDY_BELOW` are taken as 0 (greedy); infinite or
+            NaN ones raise ``ValueError``.
         top_k: keep the k most likely tokens before sampling (0 = off).
         top_p: nucleus: keep the smallest set of tokens whose probability reaches top_p.
         acceptance: "auto" (greedy at temperature 0, else lossless "sample"), "greedy",
@@ -48,8 +54,14 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if 0.0 < self.temperature < GREEDY_BELOW:
+            # softmax(logits / 1e-38) overflows to inf / nan; at such temperatures sampling
+            # is greedy decoding, so take the greedy path (and its exact acceptance)
+            object.__setattr__(self, "temperature", 0.0)
+            if self.acceptance in ("sample", "typical"):
+                object.__setattr__(self, "acceptance", "auto")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -10,6 +10,8 @@ Three things keep the batch busy (continuous batching, as in serving engines):
 * new prompts join whenever a quarter of the rows are free: they are prefilled on
   their own, then their KV cache is appended below the running rows, right-aligned,
   with the gap masked (left padding, per-row position ids);
+* a conversation's next turn, queued as soon as its previous answer is yielded, starts
+  from that row's KV cache: only the new tokens are prefilled;
 * the KV cache appends into preallocated buffers (:class:`clover.cache.BufferedLayer`)
   rather than concatenating at every step, and cache columns that are padding for every
   row are cropped off.
@@ -28,6 +30,7 @@ from typing import Callable, Hashable, Iterable, Iterator
 
 import torch
 
+from clover.acceptance import GREEDY_BELOW
 from clover.cache import buffered_cache
 
 
@@ -57,7 +60,10 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
         target: a :class:`clover.models.TargetModel` (full-attention layers).
         requests: :class:`Request` s, taken in order. Pass a ``collections.deque`` to add
             requests while iterating (e.g. a conversation's next turn once its answer is
-            yielded); they join the batch at the next admission.
+            yielded); they join the batch at the next admission. A request queued at
+            once with the *same key* as the row just yielded, whose prompt starts with
+            that row's prompt and answer (all but the answer's last token), reuses the
+            row's KV cache.
         max_new_tokens: cap per answer.
         temperature: 0 = greedy (argmax); > 0 samples softmax(logits / temperature).
         batch_size: most rows decoded together.
@@ -73,8 +79,10 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
     """
     if max_new_tokens < 1 or batch_size < 1 or batch_tokens < 1:
         raise ValueError("max_new_tokens, batch_size and batch_tokens must be >= 1")
-    if not temperature >= 0 or temperature == float("inf"):
+    if not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature < GREEDY_BELOW:  # as in SamplingConfig: such temperatures are greedy
+        temperature = 0.0
     queue = requests if isinstance(requests, deque) else deque(requests)
     device, model = target.device, target.model
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], device=device)
@@ -86,6 +94,7 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
     rows: list[Request] = []
     answers: list[list[int]] = []
     gens: list[torch.Generator] = []
+    retained: dict = {}  # key -> (token ids, per-layer (keys, values)) of rows just finished
 
     while True:
         # admit new rows when at least a quarter of the batch is free (or it is empty)
@@ -100,18 +109,18 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
                     break
                 new.append(queue.popleft())
             if new:
-                logits_new, attn_new, pos_new, cache_new = _prefill(target, new, pad_id)
-                shift = 0
-                for layer, other in zip(cache.layers, cache_new.layers):
-                    shift = layer.add_rows(other)
-                width = cache.get_seq_length()
-                attn_new = _pad_left(attn_new, width - attn_new.shape[1])
+                # a follow-up that extends a conversation just finished reuses its KV cache
+                reuse = [_extends(r, retained.get(r.key)) for r in new]
+                fresh = [r for r, x in zip(new, reuse) if not x]
+                parts = [_prefill(target, fresh, pad_id)] if fresh else []
+                parts += [_extend(target, r, retained[r.key]) for r, x in zip(new, reuse) if x]
+                new = fresh + [r for r, x in zip(new, reuse) if x]
+                part = parts[0]
+                for other in parts[1:]:
+                    part = _merge(part, other)
                 if rows:  # the running rows' mask, without its column for their pending token
-                    attn = torch.cat([_pad_left(attn[:, :-1], shift), attn_new])
-                    logits = torch.cat([logits, logits_new])
-                    last_pos = torch.cat([last_pos, pos_new])
-                else:
-                    attn, logits, last_pos = attn_new, logits_new, pos_new
+                    part = _merge((logits, attn[:, :-1], last_pos, cache), part)
+                logits, attn, last_pos, cache = part
                 rows += new
                 answers += [[] for _ in new]
                 for r in new:
@@ -119,6 +128,7 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
                     g.manual_seed(int(r.seed))
                     gens.append(g)
                 attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
+            retained = {}
         if not rows:
             return
         with torch.inference_mode():
@@ -137,6 +147,9 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
         if on_step is not None:
             on_step(len(rows))
         if finished:
+            for j in range(len(rows)):  # keep their caches until the next admission
+                if done[j]:
+                    retained[rows[j].key] = _row_cache(cache, attn, j, rows[j].prompt + answers[j][:-1])
             keep = [j for j in range(len(rows)) if not done[j]]
             idx = torch.tensor(keep, dtype=torch.long, device=device)
             attn, last_pos, nxt = attn[idx], last_pos[idx], nxt[idx]
@@ -165,9 +178,12 @@ def _pad_left(mask: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], n)), mask], dim=1)
 
 
+# A batch part: (next-token logits (n, V), attention mask over its cache (n, W), last
+# position id per row (n,), its buffered KV cache of W positions).
+
+
 def _prefill(target, new: list[Request], pad_id: int):
-    """Left-padded prefill of new rows: (logits (n, V), attention mask (n, W), last position
-    ids (n,), their buffered KV cache)."""
+    """Left-padded prefill of new rows: a batch part."""
     device = target.device
     width = max(len(r.prompt) for r in new)
     ids = torch.full((len(new), width), pad_id, dtype=torch.long)
@@ -182,6 +198,46 @@ def _prefill(target, new: list[Request], pad_id: int):
         logits = target.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache,
                               use_cache=True, logits_to_keep=1).logits[:, -1]
     return logits, attn, pos[:, -1], cache
+
+
+def _row_cache(cache, attn: torch.Tensor, j: int, tokens: list[int]):
+    """Row ``j``'s own cached positions (its padding left out): (tokens, [(k, v) per layer])."""
+    cols = torch.nonzero(attn[j, :-1]).flatten()
+    return tokens, [(layer.keys[j: j + 1].index_select(-2, cols), layer.values[j: j + 1].index_select(-2, cols))
+                    for layer in cache.layers]
+
+
+def _extends(req: Request, kept) -> bool:
+    return kept is not None and len(req.prompt) > len(kept[0]) and req.prompt[: len(kept[0])] == kept[0]
+
+
+def _extend(target, req: Request, kept):
+    """Prefill only the new tail of a request whose prompt starts with a finished row's
+    tokens, on top of that row's KV cache: a batch part of one row."""
+    tokens, kv = kept
+    cache = buffered_cache(target.config)
+    for layer, (k, v) in zip(cache.layers, kv):
+        layer.update(k, v)
+    n, device = len(tokens), target.device
+    tail = torch.tensor([req.prompt[n:]], device=device)
+    pos = torch.arange(n, len(req.prompt), device=device)[None]
+    attn = torch.ones((1, len(req.prompt)), dtype=torch.long, device=device)
+    with torch.inference_mode():
+        logits = target.model(input_ids=tail, attention_mask=attn, position_ids=pos, cache=cache,
+                              use_cache=True, logits_to_keep=1).logits[:, -1]
+    return logits, attn, pos[:, -1], cache
+
+
+def _merge(a, b):
+    """Rows of part ``a`` then of part ``b``, right-aligned in ``a``'s cache (changed in place)."""
+    logits_a, attn_a, pos_a, cache_a = a
+    logits_b, attn_b, pos_b, cache_b = b
+    shift = 0
+    for layer, other in zip(cache_a.layers, cache_b.layers):
+        shift = layer.add_rows(other)
+    width = cache_a.get_seq_length()
+    attn = torch.cat([_pad_left(attn_a, shift), _pad_left(attn_b, width - attn_b.shape[1])])
+    return torch.cat([logits_a, logits_b]), attn, torch.cat([pos_a, pos_b]), cache_a
 
 
 def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,

@@ -226,8 +226,9 @@ def _append(out_dir: Path, records: list[dict], written: int, per_shard: int) ->
 
 
 def _template(tokenizer, conversation: list[dict]) -> list[int]:
-    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-    return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+    from clover.models import chat_ids  # prompt text stays text, whatever it holds
+
+    return chat_ids(tokenizer, conversation)
 
 
 def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: DataConfig,

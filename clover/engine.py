@@ -70,8 +70,7 @@ class Engine:
         After the iteration ends, ``run.result`` holds the :class:`GenerationResult`.
 
         Raises:
-            ValueError: empty prompt, prompt (plus ``max_new_tokens``) longer than the
-                model's context, ``max_new_tokens`` <= 0, token ids outside the vocabulary.
+            ValueError: see :func:`validate_request`.
         """
         return DecodeRun(self, list(prompt_ids), max_new_tokens, sampling or SamplingConfig(),
                          tuple(stop_strings))
@@ -86,11 +85,25 @@ class Engine:
         return run.result
 
 
-def _validate(target: TargetModel, prompt: list[int], max_new_tokens: int) -> None:
+def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens: int,
+                     stop_strings: Sequence[str] = ()) -> None:
+    """Check one generation request before any model work; the engine, CLI and app all
+    call this, so a setting is refused the same way everywhere.
+
+    Raises:
+        ValueError: empty prompt, token ids outside the vocabulary, prompt (plus
+            ``max_new_tokens``) longer than the model's context, ``max_new_tokens`` not a
+            positive integer, an empty or non-string stop string.
+    """
     if not prompt:
         raise ValueError("the prompt is empty")
-    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(stop_strings, str):
+        raise ValueError("stop_strings must be a list of strings, not one string")
+    for s in stop_strings:
+        if not isinstance(s, str) or s == "":
+            raise ValueError(f"stop strings must be non-empty text, got {s!r}")
     if min(prompt) < 0 or max(prompt) >= target.vocab_size:
         raise ValueError(f"prompt token ids must lie in the vocabulary [0, {target.vocab_size})")
     if len(prompt) >= target.max_context:
@@ -110,7 +123,7 @@ class DecodeRun:
 
     def __init__(self, engine: Engine, prompt: list[int], max_new_tokens: int,
                  sampling: SamplingConfig, stop_strings: tuple[str, ...]):
-        _validate(engine.target, prompt, max_new_tokens)
+        validate_request(engine.target, prompt, max_new_tokens, stop_strings)
         self.engine = engine
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens

@@ -337,15 +337,85 @@ def load_target(model: str | None = None, device: str | None = None,
     return TargetModel(lm, tokenizer, name)
 
 
+def _special_strings(tokenizer) -> list[str]:
+    """Every added or special token's text (what a tokenizer would turn into a control id)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    try:
+        texts.update(tokenizer.get_added_vocab())
+    except (AttributeError, NotImplementedError):
+        pass
+    return [t for t in texts if t]
+
+
+def merge_same_role(messages: list[dict]) -> list[dict]:
+    """Consecutive messages of one role joined into one (separated by a blank line), so
+    that templates requiring alternating roles accept any transcript."""
+    out: list[dict] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation under the tokenizer's chat template, where every
+    message's content is ordinary text.
+
+    A user who types ``<|im_end|>`` means those characters, not the end of a turn:
+    ``apply_chat_template`` would turn them into the control token (and a typed
+    ``<|im_start|>system`` would forge a system turn). When some content holds the text of
+    a special or added token, the template is rendered around placeholders instead: its
+    own text is tokenised with control tokens and each content with
+    ``split_special_tokens=True``. Otherwise the ids are ``apply_chat_template``'s.
+
+    Args:
+        messages: ``{"role", "content"}`` dicts; consecutive same-role messages are merged
+            (:func:`merge_same_role`).
+    Returns:
+        the token ids (control tokens only where the template puts them).
+    Raises:
+        ValueError: when the template rejects the conversation (e.g. roles it does not
+            know), with the template's own message.
+    """
+    import jinja2
+
+    messages = merge_same_role(messages)
+    special = _special_strings(tokenizer)
+    unsafe = any(s in m["content"] for m in messages for s in special)
+    marks = [f"\u2063\u2064{i}\u2064\u2063" for i in range(len(messages))]
+    try:
+        if not unsafe:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenize=True)
+            return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+        text = tokenizer.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)],
+                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the model's chat template rejected this conversation: {e}") from None
+    ids: list[int] = []
+    for m, mark in zip(messages, marks):
+        head, found, text = text.partition(mark)
+        if not found:
+            raise ValueError("the model's chat template changes message text, so a message "
+                             "holding special-token text cannot be encoded safely")
+        ids += tokenizer(head, add_special_tokens=False)["input_ids"]
+        ids += tokenizer(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in ids]
+
+
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
-    """Token ids for a prompt.
+    """Token ids for a prompt; what the user typed is always ordinary text (see
+    :func:`chat_ids`).
 
     Args:
         prompt: a user message (str) or a list of chat messages ({"role", "content"}).
         chat: apply the tokenizer's chat template (with the generation prompt) when it
             has one; plain text otherwise.
     Raises:
-        ValueError: for an empty prompt.
+        ValueError: for an empty prompt, or a conversation the chat template rejects.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -356,9 +426,6 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):
             raise ValueError("the prompt is empty")
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):  # BatchEncoding in recent transformers
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return chat_ids(tokenizer, messages)
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
-    return tokenizer(text, add_special_tokens=True)["input_ids"]
+    return tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]

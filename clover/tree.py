@@ -33,6 +33,13 @@ import torch
 ExpandFn = Callable[[int, list[int], list[int], list[int]], torch.Tensor]
 
 # Named static trees, found by exact key.
+# Bounds on every tree form (nodes drafted, children per node, depth). A verification
+# forward costs ~14% of a plain step per extra node on a 2-core CPU, so trees far below
+# these pay; the bounds only stop requests that would stall a shared server.
+MAX_TREE_NODES = 256
+MAX_TOPK = 64
+MAX_TREE_DEPTH = 64
+
 STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
     "chain2": ((0,), (0, 0)),
     "chain3": ((0,), (0, 0), (0, 0, 0)),
@@ -49,6 +56,10 @@ STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
 @dataclass(frozen=True)
 class TreeConfig:
     """How to grow the candidate tree each step.
+
+    Every form is bounded here, before any model work, whoever builds it (CLI, app, API,
+    library): at most :data:`MAX_TREE_NODES` drafted nodes, :data:`MAX_TOPK` children per
+    node and :data:`MAX_TREE_DEPTH` levels; ``ValueError`` otherwise.
 
     Attributes:
         kind: "static" (use ``paths``) or "dynamic" (grow by joint draft probability).
@@ -82,16 +93,16 @@ class TreeConfig:
         if self.kind == "static":
             validate_paths(self.paths)
         else:
-            if self.budget < 1:
-                raise ValueError(f"tree budget must be >= 1, got {self.budget}")
-            if self.topk < 1:
-                raise ValueError(f"tree topk must be >= 1, got {self.topk}")
+            if not 1 <= self.budget <= MAX_TREE_NODES:
+                raise ValueError(f"tree budget must be in [1, {MAX_TREE_NODES}], got {self.budget}")
+            if not 1 <= self.topk <= MAX_TOPK:
+                raise ValueError(f"tree topk must be in [1, {MAX_TOPK}], got {self.topk}")
             if not 0.0 < self.top_p <= 1.0:
                 raise ValueError(f"tree top_p must be in (0, 1], got {self.top_p}")
             if not 0.0 <= self.min_ratio < 1.0:
                 raise ValueError(f"tree min_ratio must be in [0, 1), got {self.min_ratio}")
-        if self.max_depth is not None and self.max_depth < 1:
-            raise ValueError(f"tree max_depth must be >= 1, got {self.max_depth}")
+        if self.max_depth is not None and not 1 <= self.max_depth <= MAX_TREE_DEPTH:
+            raise ValueError(f"tree max_depth must be in [1, {MAX_TREE_DEPTH}], got {self.max_depth}")
 
     @property
     def depth(self) -> int | None:
@@ -109,12 +120,16 @@ def validate_paths(paths) -> None:
     """
     if not paths:
         raise ValueError("a static tree needs at least one path, e.g. [[0]]")
+    if len(paths) > MAX_TREE_NODES:
+        raise ValueError(f"a static tree may have at most {MAX_TREE_NODES} paths, got {len(paths)}")
     seen = set()
     for p in paths:
         if not isinstance(p, (tuple, list)) or not p:
             raise ValueError(f"tree path must be a non-empty list of ranks, got {p!r}")
-        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p):
-            raise ValueError(f"tree path ranks must be integers >= 0, got {list(p)}")
+        if len(p) > MAX_TREE_DEPTH:
+            raise ValueError(f"tree paths may be at most {MAX_TREE_DEPTH} deep, got {len(p)}")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_TOPK for r in p):
+            raise ValueError(f"tree path ranks must be integers in [0, {MAX_TOPK}), got {list(p)}")
         seen.add(tuple(p))
     for p in seen:
         if len(p) > 1 and p[:-1] not in seen:

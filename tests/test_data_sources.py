@@ -125,14 +125,27 @@ def test_sampled_rows_do_not_depend_on_batching():
 def test_follow_up_requests_join_a_running_batch():
     from collections import deque
 
+    import clover.batchgen
+
     t = tiny_target("llama")
-    queue = deque([Request(("first", i), p) for i, p in enumerate(_prompts(6))])
-    seen = []
-    for key, answer in generate_many(t, queue, 5, batch_size=4):
-        seen.append(key)
-        if key[0] == "first":
-            queue.append(Request(("second", key[1]), _prompts(6)[key[1]] + answer))
-    assert sorted(seen) == sorted([("first", i) for i in range(6)] + [("second", i) for i in range(6)])
+    prompts = _prompts(6)
+    queue = deque([Request(i, p) for i, p in enumerate(prompts)])
+    got, extended = {}, []
+    real_extend = clover.batchgen._extend
+    clover.batchgen._extend = lambda target, req, kept: extended.append(req.key) or real_extend(target, req, kept)
+    try:
+        for key, answer in generate_many(t, queue, 5, batch_size=4):
+            turn = 1 if (key, 0) in got else 0
+            got[key, turn] = answer
+            if turn == 0:  # the next turn, same key: it starts from this row's KV cache
+                queue.appendleft(Request(key, prompts[key] + answer + [7, 8]))
+    finally:
+        clover.batchgen._extend = real_extend
+    assert sorted(got) == [(i, turn) for i in range(6) for turn in (0, 1)]
+    assert sorted(extended) == list(range(6))
+    for i, p in enumerate(prompts):
+        assert got[i, 0] == Engine(t).generate(p, 5).token_ids
+        assert got[i, 1] == Engine(t).generate(p + got[i, 0] + [7, 8], 5).token_ids
     with pytest.raises(ValueError, match="empty prompt"):
         list(generate_many(t, [Request(0, [])], 4))
 
