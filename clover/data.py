@@ -256,8 +256,8 @@ def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: Da
     tok = target.tokenizer
     jobs = _jobs(read_prompts(prompts_path), cfg)
     _repair(out_dir)
-    written = sum(1 for _ in read_records(out_dir))
-    done = {r["id"] for r in read_records(out_dir)}
+    done = [r["id"] for r in read_records(out_dir)]  # one pass over the shards
+    written, done = len(done), set(done)
     todo = [j for j in jobs if j["id"] not in done]
     for j in todo:  # answered shortest first, so that rows decoded together match in length
         j["_len"] = len(_template(tok, [{"role": "user", "content": j["turns"][0]}]))
