@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.metrics import (ACCEPTED, BONUS, METHOD_NAMES, REJECTED, ROOT, RunStats,
+from app.metrics import (ACCEPTED, BONUS, CUT, METHOD_NAMES, REJECTED, ROOT, RunStats,
                          acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
                          tokens_at, token_origins)
 from clover.trace import StepTrace
@@ -24,7 +24,11 @@ STATUS_STYLE = {
     ACCEPTED: dict(label="accepted draft", color="#009E73", symbol="circle", size=19),
     BONUS: dict(label="bonus token (from the target)", color="#0072B2", symbol="star", size=24),
     REJECTED: dict(label="rejected draft", color="#D55E00", symbol="x", size=12),
+    CUT: dict(label="accepted after the end (not committed)", color="#B0B0B0",
+              symbol="circle-open", size=17),
 }
+STOP_WORDS = {"eos": "end of sequence", "stop_string": "a stop string",
+              "length": "the token limit"}
 METHOD_STYLE = {  # colour, bar pattern, line dash, marker
     "ar": dict(color="#999999", pattern="", dash="dot", symbol="circle"),
     "medusa": dict(color="#E69F00", pattern="/", dash="dash", symbol="diamond"),
@@ -80,7 +84,7 @@ class PlacedNode:
     Attributes:
         key: the node id; the bonus token gets ``len(step.nodes)``.
         token_id, text, parent, depth: as in :class:`~clover.trace.TreeNode`.
-        status: root, accepted, bonus or rejected.
+        status: root, accepted, cut, bonus or rejected.
         draft_prob / target_prob: None for the bonus token (it was not drafted).
         x: the depth. y: the row, 0 at the top.
     """
@@ -99,8 +103,8 @@ class PlacedNode:
 
 def tree_layout(step: StepTrace) -> list[PlacedNode]:
     """Place a step's tree: x = depth, siblings top to bottom by falling draft probability,
-    leaves on consecutive rows, a parent centred on its children. The bonus token is an
-    extra node after the last accepted node (its first child, so it sits on top)."""
+    leaves on consecutive rows, a parent centred on its children. A committed bonus token
+    is an extra node after the last accepted node (its first child, so it sits on top)."""
     nodes, statuses = step.nodes, node_statuses(step)
     bonus = len(nodes)
     children: dict[int, list[int]] = {i: [] for i in range(bonus + 1)}
@@ -109,7 +113,8 @@ def tree_layout(step: StepTrace) -> list[PlacedNode]:
     for kids in children.values():
         kids.sort(key=lambda i: (-nodes[i].draft_prob, i))
     last = step.accepted[-1]
-    children[last].insert(0, bonus)
+    if step.bonus_committed:
+        children[last].insert(0, bonus)
 
     rows: dict[int, float] = {}
     next_row = [0]
@@ -127,9 +132,10 @@ def tree_layout(step: StepTrace) -> list[PlacedNode]:
     place(0)
     placed = [PlacedNode(n.id, n.token_id, n.text, n.parent, n.depth, statuses[n.id],
                          n.draft_prob, n.target_prob, n.depth, rows[n.id]) for n in nodes]
-    depth = nodes[last].depth + 1
-    placed.append(PlacedNode(bonus, step.bonus_token, step.bonus_text, last, depth, BONUS,
-                             None, None, depth, rows[bonus]))
+    if step.bonus_committed:
+        depth = nodes[last].depth + 1
+        placed.append(PlacedNode(bonus, step.bonus_token, step.bonus_text, last, depth, BONUS,
+                                 None, None, depth, rows[bonus]))
     return placed
 
 
@@ -140,20 +146,29 @@ def _hover(p: PlacedNode) -> str:
     if p.status == BONUS:
         return (f"{head}<br>bonus token: produced by the target itself<br>"
                 f"after the accepted path (position {p.depth})")
-    what = "accepted draft" if p.status == ACCEPTED else "rejected draft"
+    what = {ACCEPTED: "accepted draft", REJECTED: "rejected draft",
+            CUT: "accepted, but after the end of generation: not committed"}[p.status]
     return (f"{head}<br>{what}, depth {p.depth}<br>"
             f"draft p = {p.draft_prob:.3f}<br>target p = {p.target_prob:.3f}")
 
 
 def step_title(step: StepTrace, total_steps: int | None = None) -> str:
-    """One line saying what a step did, e.g. 'Step 3: 2 drafts accepted + bonus → 3 tokens'."""
+    """One line saying what a step did, e.g. 'Step 3: 2 of 6 drafted tokens accepted + bonus
+    → 3 tokens'; where generation ended inside the block, what ended it. The count after
+    the arrow is always the tokens the step committed."""
     n = len(step.accepted) - 1
     of = f" of {total_steps}" if total_steps else ""
     drafted = len(step.nodes) - 1
+    k = len(step.new_tokens)
+    tokens = f"{k} token{'s' if k != 1 else ''}"
+    end = STOP_WORDS.get(step.stop_reason or "", "the end")
     if drafted == 0:
         return f"Step {step.step + 1}{of}: nothing drafted → 1 token from the target"
-    return (f"Step {step.step + 1}{of}: {n} of {drafted} drafted tokens accepted + bonus"
-            f" → {len(step.new_tokens)} token{'s' if len(step.new_tokens) != 1 else ''}")
+    if not step.bonus_committed:
+        verified = n + len(step.cut)
+        return (f"Step {step.step + 1}{of}: {verified} of {drafted} drafted tokens accepted,"
+                f" output ends at {end} after {n} → {tokens}")
+    return f"Step {step.step + 1}{of}: {n} of {drafted} drafted tokens accepted + bonus → {tokens}"
 
 
 def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
@@ -181,7 +196,7 @@ def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=edge_style[group],
                                  hoverinfo="skip", showlegend=False, name=f"edges: {group}"))
 
-    for status in (ROOT, ACCEPTED, BONUS, REJECTED):
+    for status in (ROOT, ACCEPTED, BONUS, REJECTED, CUT):
         style = STATUS_STYLE[status]
         pts = [p for p in placed if p.status == status]
         fig.add_trace(go.Scatter(
@@ -218,7 +233,7 @@ def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
 def tree_animation(steps: Sequence[StepTrace], max_frames: int = 60) -> go.Figure:
     """The candidate trees of a run as one animated figure: a frame per step (the first
     ``max_frames`` steps), a play button and a step slider. Works in notebooks and
-    exported HTML; every frame has the same seven traces as :func:`tree_figure`.
+    exported HTML; every frame has the same eight traces as :func:`tree_figure`.
 
     Raises:
         ValueError: when ``steps`` is empty.
@@ -419,6 +434,8 @@ def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|
     Hover a token for its step and depth."""
     spans = []
     for tok in token_origins(steps):
+        if not tok.text:  # the first bytes of a character another token completes
+            continue
         if tok.depth == 0:
             style = f"background:{TARGET_BG};border-bottom:2px dotted {TARGET_LINE};color:#111"
             tip = f"step {tok.step + 1}: produced by the target"

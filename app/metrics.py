@@ -12,16 +12,18 @@ from typing import Sequence
 from clover.trace import StepTrace
 
 # Status of a node in a step's candidate tree (plus the bonus token drawn after it).
-ROOT, ACCEPTED, BONUS, REJECTED = "root", "accepted", "bonus", "rejected"
+# CUT: accepted by verification but after the end of generation, so never committed.
+ROOT, ACCEPTED, BONUS, REJECTED, CUT = "root", "accepted", "bonus", "rejected", "cut"
 
 METHOD_NAMES = {"ar": "Plain", "medusa": "Medusa", "clover": "Clover"}
 
 
 def node_statuses(step: StepTrace) -> list[str]:
-    """Status of every node of ``step.nodes``: root, accepted draft or rejected draft."""
-    accepted = set(step.accepted)
-    return [ROOT if n.parent < 0 else ACCEPTED if n.id in accepted else REJECTED
-            for n in step.nodes]
+    """Status of every node of ``step.nodes``: root, accepted (committed) draft, draft
+    accepted after the end of generation (cut) or rejected draft."""
+    accepted, cut = set(step.accepted), set(step.cut)
+    return [ROOT if n.parent < 0 else ACCEPTED if n.id in accepted else CUT if n.id in cut
+            else REJECTED for n in step.nodes]
 
 
 def engine_ms(step: StepTrace) -> float:
@@ -116,11 +118,16 @@ def run_stats(steps: Sequence[StepTrace]) -> RunStats:
 
 def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
     """Per draft depth d >= 1: (d, steps whose accepted path reached depth d, steps that
-    drafted a node at depth d). Their ratio is the acceptance rate at depth d."""
+    drafted a node at depth d). Their ratio is the acceptance rate at depth d.
+
+    Only committed tokens count: where generation ended inside a step's accepted block
+    (EOS, stop string, length), the depths past the end are neither reached nor drafted.
+    """
     drafted: dict[int, int] = {}
     reached: dict[int, int] = {}
     for s in steps:
-        for d in {n.depth for n in s.nodes if n.depth > 0}:
+        limit = len(s.accepted) - 1 if not s.bonus_committed else None
+        for d in {n.depth for n in s.nodes if n.depth > 0 and (limit is None or n.depth <= limit)}:
             drafted[d] = drafted.get(d, 0) + 1
         for d in range(1, len(s.accepted)):
             reached[d] = reached.get(d, 0) + 1
@@ -157,14 +164,21 @@ class TokenOrigin:
 
 
 def token_origins(steps: Sequence[StepTrace]) -> list[TokenOrigin]:
-    """Every committed token in order, with the depth it was drafted at (0 = target)."""
+    """Every committed token in order, with the depth it was drafted at (0 = target).
+
+    Texts are the step's ``new_text`` pieces (a multi-token character appears with the
+    token that completes it), so they join to the decoded output; traces without them
+    fall back to each token decoded on its own."""
     out: list[TokenOrigin] = []
     for s in steps:
-        path = s.accepted[1:]  # accepted drafts after the root
+        path = s.accepted[1:]  # committed drafts after the root
         for j, _ in enumerate(s.new_tokens):
             if j < len(path):
                 node = s.nodes[path[j]]
-                out.append(TokenOrigin(node.text, node.depth, s.step))
+                text, depth = node.text, node.depth
             else:
-                out.append(TokenOrigin(s.bonus_text, 0, s.step))
+                text, depth = s.bonus_text, 0
+            if len(s.new_text) == len(s.new_tokens):
+                text = s.new_text[j]
+            out.append(TokenOrigin(text, depth, s.step))
     return out

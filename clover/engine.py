@@ -27,7 +27,7 @@ import torch
 from clover.acceptance import SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_cache, new_cache
 from clover.heads import DraftHeads, PlainDrafter
-from clover.models import TargetModel
+from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import Tree, TreeConfig, position_ids, tree_mask
 
@@ -146,6 +146,7 @@ class DecodeRun:
         drafter = PlainDrafter() if eng.heads is None else eng.heads.drafter(target, eng.tree)
         cache = new_cache(target.config)
         new: list[int] = []
+        detok = TextStream(target.tokenizer)
         steps: list[StepTrace] = []
         stop_reason = "length"
 
@@ -178,7 +179,11 @@ class DecodeRun:
                 committed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus_token]
                 kept, stop_reason = self._cut(new, committed)
                 new.extend(kept)
+                texts = [detok.push(t) for t in kept]
                 finished = stop_reason is not None
+                if finished:
+                    texts[-1] += detok.flush()
+                n_drafts = min(len(kept), len(acc.path) - 1)  # accepted drafts committed
                 self._sync()
                 t_update = time.perf_counter()
                 if not finished:
@@ -192,11 +197,13 @@ class DecodeRun:
                 nodes = self._nodes(tree, out.logits)
                 bonus_prob = float(logits_to_probs(out.logits[acc.path[-1]], sampling)[acc.bonus_token])
             trace = StepTrace(
-                step=len(steps), nodes=nodes, accepted=acc.path,
-                bonus_token=acc.bonus_token,
+                step=len(steps), nodes=nodes, accepted=acc.path[:1 + n_drafts],
+                cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
                 bonus_text=target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
-                new_tokens=kept, accepted_length=len(committed),
+                bonus_committed=len(kept) == len(committed),
+                new_tokens=kept, new_text=texts, accepted_length=len(kept),
                 draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(new), finished=finished,
+                stop_reason=stop_reason,
             )
             steps.append(trace)
             yield trace

@@ -46,20 +46,31 @@ class StepTrace:
     Attributes:
         step: 0-based step index.
         nodes: the candidate tree, node 0 the root.
-        accepted: node ids of the accepted path, root first (root is always accepted).
+        accepted: node ids of the accepted path whose tokens were committed, root first
+            (the root is always there).
+        cut: node ids the target accepted after ``accepted`` but that were never
+            committed, because generation ended inside the block (EOS, a stop string or
+            ``max_new_tokens``); empty on every step but possibly the last.
         bonus_token / bonus_text: the token the target produced itself after the
-            accepted path.
+            accepted path (verification's own token, committed or not).
         bonus_prob: the target's probability of the bonus token (after temperature /
             top-k / top-p; greedy uses temperature 1).
-        new_tokens: token ids committed by this step, in order (accepted drafts then the
-            bonus token), already cut at EOS, a stop string or ``max_new_tokens``.
-        accepted_length: tokens committed by this step before any cut: accepted drafts
-            plus the bonus token (tau, "tokens per step").
+        bonus_committed: whether the bonus token is part of the output (False when
+            generation ended before it).
+        new_tokens: token ids committed by this step, in order (the drafts of
+            ``accepted`` then, if committed, the bonus token).
+        new_text: the text each of ``new_tokens`` adds to the output, same length: a
+            character spanning several tokens appears with the token that completes it
+            (the others add ""); special tokens appear as their text.
+        accepted_length: tokens committed by this step, ``len(new_tokens)`` (tau,
+            "tokens per step"): every per-step metric sums to the committed tokens.
         draft_ms / verify_ms: wall time of drafting (incl. head state refresh) and of
             verification (target forward, acceptance, KV-cache compaction, stop
             checks), in ms. Building this record is not included.
         total_tokens: new tokens generated so far, this step included.
         finished: True when generation stopped at this step.
+        stop_reason: why it stopped ("eos", "length" or "stop_string") on the finished
+            step, else None.
     """
 
     step: int
@@ -74,6 +85,10 @@ class StepTrace:
     total_tokens: int
     finished: bool = False
     bonus_prob: float = 1.0
+    cut: list[int] = field(default_factory=list)
+    bonus_committed: bool = True
+    new_text: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app import figures, metrics
-from app.metrics import ACCEPTED, BONUS, REJECTED, ROOT
+from app.metrics import ACCEPTED, BONUS, CUT, REJECTED, ROOT
 from clover import Engine
 from clover.trace import StepTrace, TreeNode
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
@@ -137,8 +137,25 @@ def test_node_statuses_and_token_origins():
 
 def test_token_origins_follow_a_cut_step():
     step = hand_step()
-    step.new_tokens = [102]  # cut after the first accepted draft (EOS or max_new_tokens)
+    # generation ended after the first accepted draft (EOS, stop string or max_new_tokens)
+    step.accepted, step.cut, step.bonus_committed = [0, 2], [4], False
+    step.new_tokens, step.accepted_length, step.stop_reason = [102], 1, "eos"
     assert [(o.text, o.depth) for o in metrics.token_origins([step])] == [("\n", 1)]
+    assert metrics.node_statuses(step) == [ROOT, REJECTED, ACCEPTED, REJECTED, CUT, REJECTED]
+    placed = figures.tree_layout(step)
+    assert len(placed) == len(step.nodes) and BONUS not in {p.status for p in placed}
+    assert figures.step_title(step) == ("Step 1: 2 of 5 drafted tokens accepted, output ends "
+                                        "at end of sequence after 1 → 1 token")
+    # depths past the end count neither as drafted nor as reached
+    assert metrics.acceptance_by_depth([step]) == [(1, 1, 1)]
+
+
+def test_token_origins_use_completed_characters():
+    step = hand_step()
+    step.new_text = ["", "\U0001f999", "!"]  # a character completed by the second token
+    assert [o.text for o in metrics.token_origins([step])] == ["", "\U0001f999", "!"]
+    html = figures.tokens_html([step])
+    assert "\U0001f999" in html and "\ufffd" not in html
 
 
 def test_acceptance_by_depth_and_histogram():
@@ -248,38 +265,40 @@ def test_layout_of_a_recorded_trace(recorded):
     assert any(len(s.accepted) > 2 for s in recorded.steps)
     for step in recorded.steps:
         placed = figures.tree_layout(step)
-        assert len(placed) == len(step.nodes) + 1
+        assert len(placed) == len(step.nodes) + step.bonus_committed
         by_key = {p.key: p for p in placed}
         for p in placed:
             assert p.x == p.depth
             if p.parent >= 0:
                 assert by_key[p.parent].x == p.x - 1
-        statuses = [p.status for p in placed[:-1]]
+        statuses = [p.status for p in placed[:len(step.nodes)]]
         assert [n.id for n, s in zip(step.nodes, statuses) if s in (ROOT, ACCEPTED)] == step.accepted
-        assert placed[-1].status == BONUS
-        assert placed[-1].depth == step.nodes[step.accepted[-1]].depth + 1
+        if step.bonus_committed:
+            assert placed[-1].status == BONUS
+            assert placed[-1].depth == step.nodes[step.accepted[-1]].depth + 1
         # siblings (bonus aside) ordered by falling draft probability
         for parent in {n.parent for n in step.nodes if n.parent >= 0}:
-            kids = sorted((p for p in placed[:-1] if p.parent == parent), key=lambda p: p.y)
+            kids = sorted((p for p in placed if p.status != BONUS and p.parent == parent), key=lambda p: p.y)
             assert [p.draft_prob for p in kids] == sorted((p.draft_prob for p in kids), reverse=True)
         # the rows of the drafted nodes never collide
         leaves = [p for p in placed if not any(q.parent == p.key for q in placed)]
         assert len({p.y for p in leaves}) == len(leaves)
         fig = figures.tree_figure(step, len(recorded.steps))
-        shown = sum(len(t.x) for t in fig.data if t.meta in (ROOT, ACCEPTED, BONUS, REJECTED))
-        assert shown == len(step.nodes) + 1
+        shown = sum(len(t.x) for t in fig.data if t.meta in (ROOT, ACCEPTED, BONUS, REJECTED, CUT))
+        assert shown == len(step.nodes) + step.bonus_committed
 
 
 def test_origins_and_bars_of_a_recorded_trace(recorded):
     origins = metrics.token_origins(recorded.steps)
     assert len(origins) == len(recorded.token_ids)
-    assert sum(o.depth == 0 for o in origins) == len(recorded.steps)  # one bonus per step
+    # one bonus per step (the last one's only if committed)
+    assert sum(o.depth == 0 for o in origins) == sum(s.bonus_committed for s in recorded.steps)
     assert max(o.depth for o in origins) >= 2
     rows = metrics.acceptance_by_depth(recorded.steps)
     assert rows[0][0] == 1 and all(0 <= r <= n for _, r, n in rows)
     counts = metrics.accepted_length_counts(recorded.steps)
     assert sum(counts.values()) == len(recorded.steps)
-    assert sum(k * v for k, v in counts.items()) >= len(recorded.token_ids)
+    assert sum(k * v for k, v in counts.items()) == len(recorded.token_ids)
     assert metrics.run_stats(recorded.steps).tokens_per_step == pytest.approx(
         recorded.mean_accepted_length)
 
@@ -288,7 +307,7 @@ def test_tree_animation_has_a_frame_per_step_with_fixed_traces():
     steps = [hand_step(0, 3), plain_step(1, 4), hand_step(2, 7)]
     fig = figures.tree_animation(steps)
     assert [f.name for f in fig.frames] == ["0", "1", "2"]
-    assert all(len(f.data) == len(fig.data) == 7 for f in fig.frames)
+    assert all(len(f.data) == len(fig.data) == 8 for f in fig.frames)
     # frame 1 is plain decoding: no rejected drafts; frame 2 shows the hand tree's rejects
     rejected = [next(t for t in f.data if t.meta == REJECTED) for f in fig.frames]
     assert len(rejected[1].x) == 0 and len(rejected[2].x) == 3
