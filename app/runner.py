@@ -177,27 +177,69 @@ class LoadedModel:
     sources: dict = field(default_factory=dict)
     label: str = ""
     auto_trees: dict = field(default_factory=dict)
+    calibrating: threading.Event = field(default_factory=threading.Event, repr=False,
+                                         compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
         """``tree``, or for an ``auto`` tree the dynamic tree whose budget
-        ``clover.autotree.auto_tree`` picks for this model, method and machine (measured on
-        first use, seconds on a CPU, then cached). On ZeroGPU (``spaces``) decoding runs on
-        hardware this process cannot time, so the default budget is used there."""
+        ``clover.autotree.auto_tree`` picks for this model, method and machine (read from
+        the stored calibration, or measured on first use, seconds on a CPU, then kept).
+        While :meth:`calibrate_in_background` is still measuring, the default budget.
+        On ZeroGPU (``spaces``) decoding runs on hardware this process cannot time, so
+        the default budget is used there."""
         if not tree.auto or self.heads.get(method) is None:
             return tree
         from dataclasses import replace
 
-        from clover.autotree import auto_tree as measure
+        from clover.autotree import stored_auto_tree
 
         if spaces is not None:
             return replace(tree, auto=False)
-
+        if method not in self.auto_trees and self.calibrating.is_set():
+            return replace(tree, auto=False)
         with self._lock:
             if method not in self.auto_trees:
-                self.auto_trees[method], _ = measure(self.target, self.heads[method],
-                                                     replace(tree, auto=False))
+                self.auto_trees[method] = stored_auto_tree(self.target, self.heads[method],
+                                                           replace(tree, auto=False))
             return self.auto_trees[method]
+
+    def calibrate_in_background(self) -> threading.Thread | None:
+        """Size the auto trees without holding up start-up: stored sizes are read at once;
+        any left are measured in a daemon thread (runs meanwhile use the default budget),
+        which then decodes two tokens per method (warm-up). Returns the thread, or None
+        when nothing was left to measure."""
+        from dataclasses import replace
+
+        from clover.autotree import stored_auto_tree
+
+        base = replace(auto_tree(), auto=False)
+        todo = [m for m in ("medusa", "clover") if self.heads.get(m) is not None
+                and m not in self.auto_trees]
+        for m in list(todo):
+            found = stored_auto_tree(self.target, self.heads[m], base, measure=False)
+            if found is not None:
+                self.auto_trees[m] = found
+                todo.remove(m)
+        if not todo or spaces is not None:
+            return None
+        self.calibrating.set()
+
+        def work():
+            try:
+                for m in todo:
+                    with self._lock:
+                        self.auto_trees[m] = stored_auto_tree(self.target, self.heads[m], base)
+                log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
+            except Exception:  # the default tree stays in use; the app keeps serving
+                log.exception("sizing the auto tree failed; using the default budget")
+            finally:
+                self.calibrating.clear()
+            _warm_up(self)
+
+        thread = threading.Thread(target=work, daemon=True, name="clover-auto-tree")
+        thread.start()
+        return thread
 
     @property
     def untrained(self) -> list[str]:
@@ -211,7 +253,10 @@ class LoadedModel:
         heads = " · ".join(f"**{names[m]} heads:** {'⚠ ' if m in self.untrained else ''}"
                            f"{self.sources[m]}" for m in ("medusa", "clover"))
         text = (f"**Model:** {self.label} on {self.target.device.type} · {heads}")
-        if self.auto_trees:
+        if self.calibrating.is_set():
+            text += (f" · **auto tree:** being sized for this machine in the background "
+                     f"(meanwhile {auto_tree().budget} drafted tokens)")
+        elif self.auto_trees:
             text += " · **auto tree:** " + ", ".join(
                 f"{names[m]} {t.budget} drafted tokens" for m, t in sorted(self.auto_trees.items()))
         if self.untrained:
@@ -278,9 +323,13 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medus
 
 def register_model(key: str, target, heads: dict | None = None, sources: dict | None = None,
                    heads_dir: str | None = None, label: str | None = None,
-                   warm_up: bool = True) -> LoadedModel:
+                   warm_up: bool | str = True) -> LoadedModel:
     """Register an already loaded target under ``key``, with ``heads`` (per method, e.g.
     from a test) where given and the rest loaded as :func:`load_heads_for` does.
+
+    ``warm_up``: True sizes the auto trees and decodes two tokens per method now;
+    "background" does it in a thread (see :meth:`LoadedModel.calibrate_in_background`);
+    False skips it.
     """
     given = dict(heads or {})
     missing = [k for k in ("medusa", "clover") if k not in given]
@@ -290,7 +339,10 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     all_sources.update(loaded_sources)
     loaded = LoadedModel(key, target, {"ar": None, **given, **loaded_heads}, all_sources,
                          label or target.name)
-    if warm_up:
+    if warm_up == "background":
+        if loaded.calibrate_in_background() is None:
+            _warm_up(loaded)
+    elif warm_up:
         _warm_up(loaded)
     with _MODELS_LOCK:
         _MODELS[key] = loaded
@@ -345,8 +397,9 @@ def get_model(model: str | None, heads_dir: str | None,
 
 
 def _warm_up(loaded: LoadedModel) -> None:
-    """Size the "auto" tree of each method for this machine and decode two tokens with every
-    method once, so the first visitor's timings do not include one-off start-up costs."""
+    """Size the "auto" tree of each method for this machine (unless being sized in the
+    background) and decode two tokens with every method once, so the first visitor's
+    timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
     for method in METHODS:
         Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, auto_tree())).generate(ids, 2)

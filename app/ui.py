@@ -7,9 +7,9 @@ slot, so two methods (or two visitors' runs) never decode at the same time.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import time
 import uuid
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -102,6 +102,22 @@ class RunState:
     done: bool = False
 
 
+@dataclass
+class Visitor:
+    """One browser session's Run and Stop presses (kept in ``gr.State``), so Stop also
+    cancels runs still waiting in the queue.
+
+    Attributes:
+        pressed: Run presses so far.
+        started: runs that left the queue so far (the n-th to start is the n-th press).
+        stopped: every press up to this count was stopped.
+    """
+
+    pressed: int = 0
+    started: int = 0
+    stopped: int = 0
+
+
 def load_examples() -> list[dict]:
     """Example prompts, one or more per task kind: [{"kind", "prompt"}, ...]."""
     return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))
@@ -176,7 +192,7 @@ def _after_run(state: RunState, stopped: bool = False) -> tuple:
 
 
 def build_demo(model: str | None = None, heads: str | None = None, *, target=None,
-               method_heads: dict | None = None, warm_up: bool = True) -> gr.Blocks:
+               method_heads: dict | None = None, warm_up: bool | str = "background") -> gr.Blocks:
     """Build the app.
 
     Args:
@@ -186,7 +202,9 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
             heads shipped for the embedded model, else freshly initialised heads.
         target: an already loaded :class:`clover.TargetModel` (tests, notebooks).
         method_heads: already built heads per method, e.g. {"clover": ..., "medusa": ...}.
-        warm_up: decode two tokens per method once, so the first timings are fair.
+        warm_up: size the auto trees and decode two tokens per method once, so the first
+            timings are fair: "background" (default) serves at once and does it in a
+            thread (stored sizes are reused at once), True before returning, False never.
     Raises:
         ValueError: when the model or heads cannot be loaded (a message for the user).
     """
@@ -200,6 +218,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
 
     with gr.Blocks(title="Clover Studio") as demo:
         state = gr.State(None, time_to_live=3600)  # a visitor's traces, freed after an hour
+        visitor = gr.State(Visitor())  # a copy per browser session
         gr.Markdown(
             "# Clover Studio\n"
             "Watch **Clover** speculative decoding write text step by step: the candidate tree "
@@ -303,8 +322,17 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                        accept=accept, hist=hist, race=race, metrics=_metrics(st), plain=plain,
                        state=st)
 
+        def on_press(visitor: Visitor):
+            """Count a Run press at once (before the run waits in the queue)."""
+            visitor.pressed += 1
+
         def on_run(prompt_text, method_value, temperature_value, max_new_value, tree_value,
-                   compare_value, model_value, heads_value):
+                   compare_value, model_value, heads_value, visitor: Visitor | None = None):
+            if visitor is not None:
+                visitor.started += 1
+                if visitor.started <= visitor.stopped:  # Stop was pressed while it queued
+                    yield out(status="**■ Stopped** before it started.")
+                    return
             try:
                 settings = runner.parse_settings(prompt_text, method_value, temperature_value,
                                                  max_new_value, tree_value, compare_value,
@@ -371,9 +399,11 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                 return
             yield finish(st)
 
-        def on_stop(st: RunState | None):
+        def on_stop(st: RunState | None, visitor: Visitor):
             """Ask the visitor's run to stop: it ends after its current step and draws the
-            results itself (so nothing it sends later can overwrite them)."""
+            results itself (so nothing it sends later can overwrite them); runs still
+            queued never start."""
+            visitor.stopped = max(visitor.stopped, visitor.pressed)
             if st is not None and not st.done:
                 st.stop = True
 
@@ -392,31 +422,37 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                               interactive=len(steps) > 1),
                     figures.tree_figure(steps[-1], len(steps)))
 
-        async def on_replay(st: RunState | None):
+        def on_replay(st: RunState | None):
+            """The race replayed in real time (faster when long). A plain generator, so
+            Gradio builds each frame in a worker thread and the event loop stays free for
+            other visitors' streams and Stop presses."""
             if not st or not any(st.runs.values()):
                 yield figures.empty_figure("Run a prompt first")
                 return
             runs = {m: list(s) for m, s in st.runs.items() if s}
             end = figures.race_end_ms(runs)
             speed = max(1.0, end / 1e3 / REPLAY_SECONDS)  # real time, or faster if long
-            loop = asyncio.get_running_loop()
-            start = loop.time()
+            start = time.monotonic()
             while True:
-                t = (loop.time() - start) * speed * 1e3
+                t = (time.monotonic() - start) * speed * 1e3
                 yield figures.race_figure(runs, min(t, end))
                 if t >= end:
                     return
-                await asyncio.sleep(0.1)
+                time.sleep(0.1)
 
         run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box]
-        run_btn.click(on_run, run_inputs, run_outputs, api_name="run",
-                      concurrency_limit=1, concurrency_id="decode", show_progress="hidden")
-        prompt.submit(on_run, run_inputs, run_outputs, api_visibility="private",
-                      concurrency_limit=1, concurrency_id="decode", show_progress="hidden")
+        # a press is counted at once, then the run waits its turn in the queue
+        for trigger, api in ((run_btn.click, dict(api_name="run")),
+                             (prompt.submit, dict(api_visibility="private"))):
+            trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
+                    show_progress="hidden").then(
+                on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
+                concurrency_id="decode", show_progress="hidden", **api)
         # Stop is cooperative: the run checks the flag between steps (at most one step away)
-        # and draws its own final state; closing the page still cancels the run outright.
-        stop_btn.click(on_stop, [state], None, api_visibility="private", concurrency_limit=None,
-                       show_progress="hidden")
+        # and draws its own final state; a queued run never starts; closing the page still
+        # cancels the run outright.
+        stop_btn.click(on_stop, [state, visitor], None, api_visibility="private",
+                       concurrency_limit=None, show_progress="hidden")
         step_slider.change(on_browse, [step_slider, browse, state], [tree_plot],
                            api_visibility="private", concurrency_limit=None,
                            show_progress="hidden", trigger_mode="always_last")

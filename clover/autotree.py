@@ -129,6 +129,7 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
     of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
     attention mask, as verification runs them). Shows how the cost grows with the
     tokens processed at once: nearly flat on a GPU, rising on a CPU."""
+    prefix_len = max(1, min(prefix_len, target.max_context - max(sizes)))  # fit any context
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, prefix_len + max(sizes)), generator=gen).to(target.device)
     out = []
@@ -154,8 +155,10 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         budgets: candidate budgets N (drafted nodes, root excluded); those above the
             tree's :func:`pool_size` are dropped (that budget is tried instead), since
             they would all draft the same tree.
-        tokens: calibration tokens generated per prompt.
-        prefix_len: cached prefix length for the timing forwards.
+        tokens: calibration tokens generated per prompt (fewer where the model's
+            context is short; prompts that do not fit are skipped).
+        prefix_len: cached prefix length for the timing forwards (capped so that the
+            deepest tree still fits the model's context).
     Returns:
         (the chosen TreeConfig, the AutoTreeReport behind the choice).
     """
@@ -172,7 +175,10 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     with torch.inference_mode():
         for p in prompts:
             ids = encode_prompt(target.tokenizer, p)
-            answer = Engine(target).generate(ids, tokens).token_ids
+            n = min(tokens, target.max_context - len(ids))
+            if n < 2:
+                continue
+            answer = Engine(target).generate(ids, n).token_ids
             seq = ids + answer
             out = target.forward(torch.tensor([seq], device=target.device),
                                  torch.arange(len(seq), device=target.device)[None], None, None)
@@ -184,9 +190,14 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
                 for b in budgets:
                     lengths[b].append(_accepted_length(tree, _budget_subtree(tree, b), truth))
                 drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1])
+    if not lengths[budgets[0]]:
+        log.warning("auto tree: no calibration prompt fits the model's context of %d; "
+                    "keeping the default tree", target.max_context)
+        return base, AutoTreeReport([], [], [], [], 0.0, base.budget)
     tau = [statistics.fmean(lengths[b]) for b in budgets]
 
     # cost curve on this hardware
+    prefix_len = max(1, min(prefix_len, target.max_context - depth - 2))
     ids = torch.randint(0, target.vocab_size, (1, prefix_len),
                         generator=torch.Generator().manual_seed(0)).to(target.device)
     with torch.inference_mode():
@@ -214,3 +225,71 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     log.info("auto tree: budget %d (tau %.2f, %.1f + %.1f ms/step; plain %.1f ms/token)",
              budgets[best], tau[best], draft_ms[best], verify_ms[best], plain_ms)
     return replace(base, kind="dynamic", budget=budgets[best]), report
+
+
+def calibration_key(target, heads, base: TreeConfig) -> str:
+    """What an auto-tree choice depends on: the target (name, dtype, device), a hash of the
+    heads' weights, the base tree, the torch thread count and the processor."""
+    import hashlib
+    import platform
+
+    h = hashlib.sha1()
+    for name, p in sorted(heads.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    cpu = platform.processor() or platform.machine()
+    try:  # the model name of the CPU where Linux says it
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    device = str(target.device)
+    if target.device.type == "cuda":
+        device += ":" + torch.cuda.get_device_name(target.device)
+    return "|".join([target.name, str(target.dtype), device, f"threads={torch.get_num_threads()}",
+                     cpu, f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))])
+
+
+def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
+                     measure: bool = True) -> TreeConfig | None:
+    """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI: the
+    stored budget where one was measured for the same target, heads, tree, thread count
+    and processor, else measured now (``measure``) and stored, else None.
+
+    Args:
+        path: the JSON file (default ``~/.cache/clover-studio/autotree.json``, or
+            ``$CLOVER_CACHE_DIR/autotree.json``).
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from clover.models import DEFAULT_CACHE_DIR
+
+    base = base or TreeConfig()
+    if heads is None:
+        return base
+    path = Path(path or Path(os.environ.get("CLOVER_CACHE_DIR") or DEFAULT_CACHE_DIR) / "autotree.json")
+    key = calibration_key(target, heads, base)
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    if isinstance(stored.get(key), int):
+        return replace(base, kind="dynamic", budget=stored[key], auto=False)
+    if not measure:
+        return None
+    tree, report = auto_tree(target, heads, replace(base, auto=False))
+    if report.budgets:  # a real measurement (not the too-short-context fallback)
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            stored[key] = tree.budget
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
+            tmp.replace(path)
+        except (OSError, ValueError):
+            log.warning("could not store the auto tree in %s", path, exc_info=True)
+    return tree

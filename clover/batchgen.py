@@ -75,7 +75,6 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
     Raises:
         ValueError: for an empty prompt, a prompt that does not fit the context with
             ``max_new_tokens``, or bad settings.
-        TypeError: for a model with sliding-window attention layers.
     """
     if max_new_tokens < 1 or batch_size < 1 or batch_tokens < 1:
         raise ValueError("max_new_tokens, batch_size and batch_tokens must be >= 1")

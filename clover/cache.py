@@ -30,8 +30,15 @@ def _layers(cache) -> list:
 
 
 def new_cache(model_config) -> DynamicCache:
-    """An empty dynamic KV cache for a model."""
-    return DynamicCache(config=model_config)
+    """An empty dynamic KV cache for a model, every layer a full (non-sliding) one.
+
+    Sliding-window layers are given full layers too: attention is the same while the
+    sequence fits in the window, and :class:`~clover.models.TargetModel` caps its
+    context at the window (``validate_request`` refuses longer requests)."""
+    cache = DynamicCache(config=model_config)
+    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer
+                    for layer in cache.layers]
+    return cache
 
 
 def cache_length(cache) -> int:
@@ -159,13 +166,9 @@ class BufferedLayer(DynamicLayer):
 
 
 def buffered_cache(model_config) -> DynamicCache:
-    """A ``DynamicCache`` whose layers are :class:`BufferedLayer` (full attention only).
-
-    Raises:
-        TypeError: for a model with sliding-window layers.
-    """
+    """A ``DynamicCache`` whose layers are :class:`BufferedLayer` (full attention; for a
+    sliding-window model, exact while the sequence fits in the window, as in
+    :func:`new_cache`)."""
     cache = DynamicCache(config=model_config)
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        raise TypeError("buffered_cache supports full-attention layers only")
     cache.layers = [BufferedLayer() for _ in cache.layers]
     return cache

@@ -106,15 +106,16 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
             raise ValueError(f"stop strings must be non-empty text, got {s!r}")
     if min(prompt) < 0 or max(prompt) >= target.vocab_size:
         raise ValueError(f"prompt token ids must lie in the vocabulary [0, {target.vocab_size})")
+    context = f"the model's context of {target.max_context}"
+    if getattr(target, "sliding_window", None):
+        context += (f" (its sliding attention window: decoding here keeps every position, "
+                    f"so prompt and answer must fit in {target.sliding_window} tokens)")
     if len(prompt) >= target.max_context:
-        raise ValueError(
-            f"the prompt has {len(prompt)} tokens; the model's context is {target.max_context}"
-        )
+        raise ValueError(f"the prompt has {len(prompt)} tokens; it must be shorter than {context}")
     if len(prompt) + max_new_tokens > target.max_context:
         raise ValueError(
-            f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-            f"model's context of {target.max_context}; lower max_new_tokens to at most "
-            f"{target.max_context - len(prompt)}"
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"{context}; lower max_new_tokens to at most {target.max_context - len(prompt)}"
         )
 
 

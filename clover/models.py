@@ -138,6 +138,11 @@ class TargetModel:
         self.vocab_size = self.lm_head.weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0)
                                or tokenizer.model_max_length)
+        # sliding-window layers attend to the last W positions only; the engine's KV cache
+        # keeps every position, which is the same attention while everything fits in W
+        self.sliding_window = sliding_window(model.config)
+        if self.sliding_window:
+            self.max_context = min(self.max_context, self.sliding_window)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         # the final norm's input and output, captured per thread during a forward
         self._captured = threading.local()
@@ -194,6 +199,18 @@ class TargetModel:
     def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:
         """The frozen lm_head applied to normed hidden states: (..., D) -> (..., V)."""
         return self.lm_head(hidden_post)
+
+
+def sliding_window(config) -> int | None:
+    """The attention window W of a model with sliding-window layers (Mistral, Gemma 2/3,
+    Qwen2 with ``use_sliding_window``), else None."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types:
+        return int(window) if any("sliding" in t for t in types) else None
+    return int(window) if getattr(config, "use_sliding_window", True) else None
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -169,3 +169,45 @@ def test_cancel_stops_decoding_promptly(app_url):
         time.sleep(0.05)
     assert not any(t.name == "clover-decode" for t in threading.enumerate())
     assert time.time() - t0 < 5
+
+
+def test_app_answers_within_a_minute_on_a_busy_machine(embedded, tmp_path):
+    """`python app.py` on a machine kept busy by two CPU hogs answers on its port within
+    60 s: the auto tree is sized in the background (here with no stored calibration)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the converted model is reused; the auto-tree store starts empty
+    cache = Path(os.environ.get("CLOVER_CACHE_DIR") or Path.home() / ".cache" / "clover-studio")
+    for item in cache.iterdir():
+        if item.is_dir():
+            (tmp_path / item.name).symlink_to(item)
+    env = {**os.environ, "CLOVER_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=root, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        start, answered = time.monotonic(), None
+        while time.monotonic() - start < 90 and app.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    if r.status == 200:
+                        answered = time.monotonic() - start
+                        break
+            except OSError:
+                time.sleep(1)
+        assert app.poll() is None, app.stderr.read()
+        assert answered is not None and answered < 60, answered
+    finally:
+        for p in hogs + [app]:
+            p.kill()
+            p.wait()

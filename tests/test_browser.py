@@ -134,3 +134,72 @@ def test_stop_cancels_a_run(app_url, browser, tmp_path):
     assert "stopped at" in page.locator("#race-plot").text_content()
     shot(page, tmp_path, "app-stopped.png")
     page.close()
+
+
+EMOJI_PROMPT = "Reply with three llama emoji: 🦙🦙🦙"  # SmolLM2 answers in 🦙 (4 byte tokens each)
+
+
+def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path):
+    """No state of the text panel holds a U+FFFD the decoded output does not; the final
+    panel is the decoded output. 14 tokens end inside the fifth llama (3 tokens each), so
+    only the finished run's text ends in U+FFFD, exactly as the decode does."""
+    from clover import Engine, encode_prompt
+
+    ref = Engine(embedded).generate(encode_prompt(embedded.tokenizer, EMOJI_PROMPT), 14)
+    assert "🦙" in ref.text  # the premise: the answer has characters of several tokens
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#prompt textarea")
+    page.fill("#prompt textarea", EMOJI_PROMPT)
+    page.locator("#max-new-tokens input").fill("14")
+    page.get_by_label("Compare with the other methods").uncheck()
+    page.click("#run-button")
+    seen = []
+    for _ in range(2400):
+        seen.append(page.inner_text("#generated-text"))
+        if "Done" in page.inner_text("#status"):
+            break
+        page.wait_for_timeout(100)
+    seen.append(page.inner_text("#generated-text"))
+    assert "Done" in page.inner_text("#status")
+    assert len(set(seen)) > 2  # the panel was caught mid-run
+    final = seen[-1].replace("↵", "").replace("<|im_end|>", "")
+    assert final == ref.text and ref.text.endswith("🦙\ufffd")
+    assert not [s for s in seen if "\ufffd" in s and s != seen[-1]]
+    shot(page, tmp_path, "app-emoji.png")
+    page.close()
+
+
+def test_stop_while_queued_never_decodes(app_url, browser):
+    """Two tabs, one decoding slot: a run stopped while it waits in the queue never runs."""
+    busy = browser.new_page(viewport={"width": 1280, "height": 900})
+    waiting = browser.new_page(viewport={"width": 1280, "height": 900})
+    for page in (busy, waiting):
+        page.goto(app_url)
+        page.wait_for_selector("#prompt textarea")
+        page.get_by_label("Compare with the other methods").uncheck()
+    busy.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
+    busy.locator("#max-new-tokens input").fill("400")
+    busy.click("#run-button")
+    busy.wait_for_function("document.querySelector('#status').innerText.includes('step 2 ')",
+                           timeout=240_000)
+    waiting.fill("#prompt textarea", "Name three colours.")
+    waiting.click("#run-button")
+    waiting.wait_for_timeout(1500)  # queued behind the busy tab's run
+    waiting.click("#stop-button")
+    waiting.wait_for_timeout(500)
+    busy.click("#stop-button")
+    busy.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+                           timeout=30_000)
+    waiting.wait_for_function(
+        "document.querySelector('#status').innerText.includes('Stopped before it started')",
+        timeout=60_000)
+    waiting.wait_for_timeout(1500)
+    assert "Stopped before it started" in waiting.inner_text("#status")
+    assert "appears here" in waiting.inner_text("#generated-text")  # nothing was decoded
+    # the tab still works: a new run decodes
+    waiting.click("#run-button")
+    waiting.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+                              timeout=240_000)
+    busy.close()
+    waiting.close()

@@ -114,3 +114,72 @@ def test_trees_within_bounds_still_parse():
     assert len(parse_tree_spec(json.dumps(wide)).paths) == MAX_TREE_NODES
     with pytest.raises(ValueError):
         TreeConfig(budget=MAX_TREE_NODES + 1)
+
+
+# ---------------------------------------------------------------- other model shapes
+
+
+def tiny_mistral(window: int = 24):
+    """A tiny random Mistral with a sliding attention window of ``window`` tokens."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        sliding_window=window, eos_token_id=None, bos_token_id=None,
+                        pad_token_id=None)
+    model = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model
+
+
+def test_sliding_window_model_decodes_within_its_window():
+    import torch
+
+    from clover import new_heads
+    from clover.models import TargetModel
+    from conftest import perturb
+
+    model = tiny_mistral(24)
+    target = TargetModel(model, tiny_tokenizer(96), "tiny-mistral")
+    assert target.sliding_window == 24 and target.max_context == 24
+    prompt = [5, 9, 17, 33, 2, 61]
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=18, do_sample=False)[0, 6:].tolist()
+    assert Engine(target).generate(prompt, 18).token_ids == ref
+    heads = perturb(new_heads("clover", target, num_heads=3), scale=0.2, seed=1)
+    out = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3")).generate(prompt, 18)
+    assert out.token_ids == ref and max(len(s.nodes) for s in out.steps) > 1
+    with pytest.raises(ValueError, match="sliding attention window"):
+        Engine(target).generate(prompt, 19)
+
+
+def test_cli_refuses_beyond_a_sliding_window(tmp_path, capsys):
+    tiny_mistral(24).save_pretrained(tmp_path)
+    tiny_tokenizer(96).save_pretrained(tmp_path)
+    rc = main(["generate", "--method", "ar", "--model", str(tmp_path), "--raw", "--prompt",
+               "t5 t6 t7", "--max-new-tokens", "40"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sliding attention window" in err and "Traceback" not in err
+    rc = main(["generate", "--method", "ar", "--model", str(tmp_path), "--raw", "--prompt",
+               "t5 t6 t7", "--max-new-tokens", "12", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["new_tokens"] == 12
+
+
+def test_auto_tree_fits_a_short_learned_context():
+    """GPT-2-style learned positions (here 64): calibration and timing stay inside them."""
+    from clover import new_heads
+    from clover.autotree import auto_tree, time_forward
+    from clover.models import TargetModel
+    from conftest import tiny_model
+
+    target = TargetModel(tiny_model("gpt2", max_positions=64), tiny_tokenizer(96), "tiny-gpt2")
+    heads = new_heads("clover", target, num_heads=4)
+    tree, report = auto_tree(target, heads, repeats=1)
+    assert tree.budget in report.budgets and len(report.tau) == len(report.budgets)
+    assert len(time_forward(target, [1, 8], repeats=1)) == 2
+    tiny = TargetModel(tiny_model("gpt2", max_positions=8), tiny_tokenizer(96), "tiny-gpt2")
+    tree, report = auto_tree(tiny, new_heads("clover", tiny, num_heads=2), repeats=1)
+    assert report.budgets == [] and tree.kind == "dynamic"  # nothing fits: the default tree

@@ -199,3 +199,46 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
+    """register_model(warm_up="background") returns at once; runs use the default budget
+    until the measurement lands; the measured budget is stored and reused next start."""
+    import clover.autotree
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
+    release, measured = threading.Event(), []
+    real = clover.autotree.auto_tree
+
+    def slow(target, heads, base=None, **kw):
+        release.wait(60)
+        measured.append(heads)
+        return real(target, heads, base, repeats=1, **kw)
+
+    monkeypatch.setattr(clover.autotree, "auto_tree", slow)
+    target = tiny_target("llama", vocab_size=64)
+    heads = {"medusa": new_heads("medusa", target), "clover": new_heads("clover", target)}
+    loaded = runner.register_model("test-bg", target, heads=dict(heads), warm_up="background")
+    assert loaded.calibrating.is_set() and not loaded.auto_trees
+    assert "being sized for this machine in the background" in loaded.notice()
+    default = loaded.tree_for("clover", runner.auto_tree())
+    assert not default.auto and default.budget == runner.auto_tree().budget
+    release.set()
+    for _ in range(600):
+        if not loaded.calibrating.is_set():
+            break
+        threading.Event().wait(0.1)
+    assert set(loaded.auto_trees) == {"medusa", "clover"} and len(measured) == 2
+    assert "background" not in loaded.notice() and "auto tree:" in loaded.notice()
+    assert (tmp_path / "autotree.json").is_file()
+
+    def no_more(*a, **k):
+        raise AssertionError("measured again despite the stored calibration")
+
+    monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
+    again = runner.register_model("test-bg2", target, heads=dict(heads), warm_up="background")
+    assert not again.calibrating.is_set() and again.auto_trees == loaded.auto_trees
+    other = runner.register_model("test-bg3", target, warm_up=False)  # other weights
+    assert clover.autotree.stored_auto_tree(target, other.heads["clover"], measure=False) is None
+    for key in ("test-bg", "test-bg2", "test-bg3"):
+        del runner._MODELS[key]

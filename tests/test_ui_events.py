@@ -1,0 +1,50 @@
+"""The app's event handlers, called directly on a tiny model (no server, no browser):
+Stop also cancels queued runs, and no handler runs on the server's event loop."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from app import runner
+from app.ui import Visitor, build_demo
+from conftest import tiny_target
+
+
+@pytest.fixture(scope="module")
+def handlers():
+    demo = build_demo(target=tiny_target("llama"), warm_up=False)
+    fns = {}
+    for block_fn in demo.fns.values():
+        if block_fn.fn is not None:
+            fns[block_fn.fn.__name__] = block_fn.fn
+    yield fns
+    for key in [k for k in runner._MODELS if k.startswith("app-")]:
+        del runner._MODELS[key]
+
+
+def test_no_handler_blocks_the_event_loop(handlers):
+    """Every handler is plain (sync) code: Gradio runs it in a worker thread, so a race
+    replay or a figure build never stalls other visitors' streams and Stop presses."""
+    assert {"on_run", "on_stop", "on_press", "on_replay"} <= set(handlers)
+    for name, fn in handlers.items():
+        assert not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn), name
+
+
+def test_stop_cancels_a_queued_run(handlers):
+    on_press, on_stop, on_run = handlers["on_press"], handlers["on_stop"], handlers["on_run"]
+    args = ("t5 t6 t7", "clover", 0, 6, "4", False, "", "")
+    visitor = Visitor()
+    on_press(visitor)  # Run pressed: the run waits in the queue ...
+    on_stop(None, visitor)  # ... and Stop is pressed before it starts
+    outputs = list(on_run(*args, visitor))
+    assert len(outputs) == 1 and "Stopped** before it started" in outputs[0][0]
+    # the next press runs normally and decodes
+    on_press(visitor)
+    outputs = list(on_run(*args, visitor))
+    assert "Done" in outputs[-1][0]
+    # two presses queued, one Stop: both are cancelled
+    on_press(visitor)
+    on_press(visitor)
+    on_stop(None, visitor)
+    assert all("before it started" in list(on_run(*args, visitor))[0][0] for _ in range(2))
