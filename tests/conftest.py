@@ -170,6 +170,17 @@ def oracle_tree_fn(sequence: list[int], vocab_size: int, seed: int = 0, depth: i
     return fn
 
 
+def chain_fn(sequence: list[int], depth: int = 4):
+    """Trees that are a chain of the next ``depth`` tokens of ``sequence`` (the true
+    continuation): every draft is accepted, so a full step commits depth + 1 tokens."""
+    def fn(position, root, max_depth):
+        d = min(depth, max_depth, len(sequence) - position - 1)
+        children = {k: [k + 1] for k in range(d)}
+        tokens = {k + 1: sequence[position + 1 + k] for k in range(d)}
+        return tree_from_levels(root, children, tokens)
+    return fn
+
+
 def random_tree_fn(vocab_size: int, seed: int = 0, depth: int = 2, branching: int = 3):
     """Random trees of random distinct tokens (for the sampling tests)."""
     rng = random.Random(seed)

@@ -102,7 +102,7 @@ def test_clear_messages_for_bad_input(app_url):
         (dict(max_new=0), "Max new tokens must be a whole number from 1 to 512"),
         (dict(max_new=2.5), "whole number"),
         (dict(tree="banana"), "The tree setting 'banana' is not understood"),
-        (dict(prompt="x " * 9000), "context is 8192"),
+        (dict(prompt="x " * 9000), "shorter than the model's context of 8192"),
         (dict(model="/no/such/model"), "Could not load the model '/no/such/model'"),
         (dict(heads="/no/such/heads"), "The heads folder /no/such/heads does not exist"),
     ):

@@ -203,3 +203,48 @@ def test_stop_while_queued_never_decodes(app_url, browser):
                               timeout=240_000)
     busy.close()
     waiting.close()
+
+
+EOS_PROMPT = "What is 2+2?"  # SmolLM2 answers in 12 tokens, the last one EOS
+
+
+def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
+    """Chain heads that draft the true answer 4 tokens ahead: steps commit 5, 5, then the
+    EOS arrives as the second draft of step 3. The page counts committed tokens only."""
+    from clover import Engine, encode_prompt
+    from conftest import ScriptedHeads, chain_fn
+
+    ids = encode_prompt(embedded.tokenizer, EOS_PROMPT)
+    ref = Engine(embedded).generate(ids, 64)
+    assert ref.stop_reason == "eos" and len(ref.token_ids) == 12  # the premise
+    filler = embedded.tokenizer.encode(" and so on and so on")  # drafts past the EOS
+    heads = ScriptedHeads(embedded, chain_fn(ids + ref.token_ids + filler))
+    demo = build_demo(target=embedded, method_heads={"clover": heads}, warm_up=False)
+    url = serve(demo)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(url)
+        page.wait_for_selector("#prompt textarea")
+        page.fill("#prompt textarea", EOS_PROMPT)
+        page.locator("#max-new-tokens input").fill("64")
+        page.get_by_label("Compare with the other methods").uncheck()
+        page.click("#run-button")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+                               timeout=240_000)
+        metrics = page.locator("#metrics").inner_text()
+        assert "step 3 · 12 tokens" in metrics and "4.00" in metrics  # 12 tokens / 3 steps
+        box = page.locator("#step-slider input[type=number]")
+        box.fill("3")
+        box.press("Enter")
+        page.wait_for_function(
+            "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 3 of')",
+            timeout=30_000)
+        title = page.locator("#tree-plot .gtitle").text_content()
+        assert title == ("Step 3 of 3: 2 of 4 drafted tokens accepted, output ends at end of "
+                         "sequence after 2 → 2 tokens")
+        text = page.inner_text("#generated-text").replace("↵", "")
+        assert text.replace("<|im_end|>", "") == ref.text
+        shot(page, tmp_path, "app-eos-inside-block.png")
+    finally:
+        page.close()
+        demo.close()

@@ -8,20 +8,7 @@ import torch
 from app import figures, metrics
 from clover import Engine
 from clover.models import TextStream
-from conftest import ScriptedHeads, tiny_target, tree_from_levels
-
-DEPTH = 4  # every step drafts a chain of the next 4 true tokens: 5 tokens per full step
-
-
-def chain_fn(sequence):
-    """Trees that are a chain of the true continuation: every draft is accepted."""
-    def fn(position, root, max_depth):
-        d = min(DEPTH, max_depth, len(sequence) - position - 1)
-        children = {k: [k + 1] for k in range(d)}
-        tokens = {k + 1: sequence[position + 1 + k] for k in range(d)}
-        return tree_from_levels(root, children, tokens)
-    return fn
-
+from conftest import ScriptedHeads, chain_fn, tiny_target
 
 @pytest.fixture(scope="module")
 def case():
