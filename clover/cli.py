@@ -94,9 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, typ in (("num-heads", int), ("steps", int), ("batch-size", int), ("positions", int),
                       ("lr", float), ("decay", float), ("hidden-weight", float),
                       ("eval-every", int), ("save-every", int), ("seed", int), ("draft-vocab", int),
-                      ("max-conversations", int)):
+                      ("max-conversations", int), ("weight-decay", float), ("dropout", float),
+                      ("feature-noise", float), ("topk-weight", float), ("topk", int),
+                      ("max-len", int), ("warmup", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
+    t.add_argument("--select", choices=("chain", "last"), default=None,
+                   help="final heads: best held-out chain acceptance (default) or the last step")
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     t.add_argument("--hidden-cache", default=None,
                    help="safetensors file for the target's hidden states: computed once up front, "
@@ -234,7 +238,9 @@ def cmd_train(args) -> int:
     overrides = {k: getattr(args, k) for k in ("num_heads", "steps", "batch_size", "positions", "lr",
                                                "decay", "hidden_weight", "eval_every", "save_every",
                                                "seed", "mixed_precision", "draft_vocab",
-                                               "max_conversations")}
+                                               "max_conversations", "weight_decay", "dropout",
+                                               "feature_noise", "topk_weight", "topk", "max_len",
+                                               "warmup", "select")}
     if args.preset:
         cfg = preset(args.preset, **overrides)
         if args.method and args.method != cfg.method:

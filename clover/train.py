@@ -62,6 +62,16 @@ class TrainConfig:
         max_conversations: use only the first N conversations of the data folder, in
             file order, before the held-out split (0 = all); reproduces heads trained
             before the folder grew.
+        dropout: dropout on the target features the heads read (training only).
+        feature_noise: Gaussian noise on those features, std as a fraction of each
+            vector's RMS (training only; EAGLE's feature noise, arXiv 2401.15077 §4).
+        topk_weight / topk: HASS's top-K distillation term (arXiv 2408.15766 §3.2):
+            cross-entropy against the target's distribution renormalised over its K most
+            likely tokens, weighted by ``topk_weight`` (0 = off); it stresses the ranking
+            among the tokens a tree drafts.
+        select: "chain" keeps the checkpoint with the best held-out chain acceptance
+            (expected tokens per step of a greedy chain of the heads' top-1 drafts, see
+            :func:`evaluate`), "last" the final one.
     """
 
     method: str = "clover"
@@ -84,6 +94,11 @@ class TrainConfig:
     mixed_precision: str = "no"
     draft_vocab: int = 0
     max_conversations: int = 0
+    dropout: float = 0.0
+    feature_noise: float = 0.0
+    topk_weight: float = 0.0
+    topk: int = 10
+    select: str = "chain"
 
     def __post_init__(self):
         if self.method not in ("medusa", "clover"):
@@ -99,6 +114,12 @@ class TrainConfig:
             raise ValueError("draft_vocab and max_conversations must be >= 0")
         if not 0 <= self.heldout_percent < 100:
             raise ValueError("heldout_percent must be in [0, 100)")
+        if not 0 <= self.dropout < 1 or self.feature_noise < 0 or self.weight_decay < 0:
+            raise ValueError("dropout must be in [0, 1); feature_noise and weight_decay >= 0")
+        if self.topk_weight < 0 or self.topk < 1:
+            raise ValueError("topk_weight must be >= 0 and topk >= 1")
+        if self.select not in ("chain", "last"):
+            raise ValueError(f"select must be chain or last, got {self.select!r}")
 
 
 # Named presets, found by exact key. Medusa and Clover share data, steps and budget.
@@ -286,16 +307,36 @@ def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
     return torch.cat(rows), torch.cat(cols)
 
 
-def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols):
-    """Per head k: draft logits (M, V') and pre-lm_head hidden (M, D) at positions s."""
+def perturb_features(x: torch.Tensor, dropout: float, noise: float, gen: torch.Generator | None):
+    """Training-time regularisation of the target features the heads read: Gaussian
+    noise with std ``noise`` x each vector's RMS, then dropout. ``x``: (..., D)."""
+    if noise > 0:
+        rms = x.float().pow(2).mean(-1, keepdim=True).sqrt().to(x.dtype)
+        eps = torch.randn(x.shape, generator=gen, dtype=x.dtype) if gen is not None else torch.randn_like(x)
+        x = x + noise * rms * eps.to(x.device)
+    if dropout > 0:
+        x = nn.functional.dropout(x, dropout, training=True)
+    return x
+
+
+def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols, cfg: TrainConfig | None = None,
+                 gen: torch.Generator | None = None):
+    """Per head k: draft logits (M, V') and pre-lm_head hidden (M, D) at positions s.
+
+    With ``cfg`` (training), its ``feature_noise`` and ``dropout`` perturb the features."""
     outs = []
+    reg = cfg is not None and (cfg.feature_noise > 0 or cfg.dropout > 0)
     if heads.config.kind == "medusa":
         h = post[rows, cols]
+        if reg:
+            h = perturb_features(h, cfg.dropout, cfg.feature_noise, gen)
         for k in range(heads.config.num_heads):
             z = heads.blocks[k](h)
             logits = heads.lm_heads[k](z) if heads.lm_heads is not None else heads.vocab_logits(z, target)
             outs.append((logits, z))
     else:
+        if reg:
+            pre = perturb_features(pre, cfg.dropout, cfg.feature_noise, gen)
         h0 = heads.augment_hidden(pre, None, 0)  # (B, T, D)
         h = h0[rows, cols]
         T = ids.shape[1]
@@ -321,19 +362,26 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
 
     Returns:
         (loss scalar, per head k a list [positions, top1 hits, top5 hits, cross-entropy
-        sum, KL(target || head) sum]).
+        sum, KL(target || head) sum, chain hits, chain positions]); chain hits count
+        the positions where heads 1..k are all right, among the chain positions (those
+        where every head has a target).
     """
     pre, post = hidden if hidden is not None else target_hidden(target, ids)
     rows, cols = sample_positions(mask, n_positions, gen)
-    outs = head_outputs(heads, target, ids, pre, post, rows, cols)
+    training = heads.training and not exact_metrics
+    outs = head_outputs(heads, target, ids, pre, post, rows, cols, cfg if training else None, gen)
     T = ids.shape[1]
+    K = len(outs)
+    full = (cols + K + 1 < T) & mask[rows, (cols + K + 1).clamp(max=T - 1)]  # all heads have targets
+    chain = torch.ones_like(full)
     loss = torch.zeros((), device=ids.device)
     stats = []
     for k, (logits, z) in enumerate(outs):
         tgt = cols + k + 1  # teacher position s+k (1-based head k); predicts x_{s+k+2}
         ok = (cols + k + 2 < T) & mask[rows, (cols + k + 2).clamp(max=T - 1)]
         if not ok.any():
-            stats.append([0, 0, 0, 0.0, 0.0])
+            stats.append([0, 0, 0, 0.0, 0.0, 0, int(full.sum())])
+            chain = torch.zeros_like(chain)
             continue
         tgt = tgt[ok]
         with torch.no_grad():
@@ -342,6 +390,10 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         ce = -(teacher * logp).sum(-1)  # (M,)
         weight = cfg.decay ** k
         loss = loss + weight * ce.mean()
+        if cfg.topk_weight > 0:  # HASS: the target's top-K, renormalised
+            p, idx = teacher.topk(min(cfg.topk, teacher.shape[-1]), dim=-1)
+            p = p / p.sum(-1, keepdim=True)
+            loss = loss + weight * cfg.topk_weight * -(p * logp.gather(-1, idx)).sum(-1).mean()
         if cfg.hidden_weight > 0:
             ref = (post if heads.config.kind == "medusa" else pre)[rows[ok], tgt]
             loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
@@ -352,19 +404,27 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
                 best = target.head_logits(post[rows[ok], tgt]).argmax(-1)
                 top5 = heads.draft_vocab[top5]
             entropy = -(teacher * torch.log(teacher.clamp_min(1e-30))).sum(-1)
+            hit = torch.zeros_like(chain)
+            hit[ok] = top5[:, 0] == best
+            chain = chain & hit
             stats.append([int(ok.sum()), int((top5[:, 0] == best).sum()),
                           int((top5 == best[:, None]).any(-1).sum()), float(ce.sum()),
-                          float((ce - entropy).sum())])
+                          float((ce - entropy).sum()), int((chain & full).sum()), int(full.sum())])
     return loss, stats
 
 
 def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenCache | None = None) -> dict:
-    """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all positions).
+    """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all
+    positions), and the chain acceptance: ``chain_tau``, the expected tokens per step of
+    a greedy chain of the heads' top-1 drafts (1 + the sum over k of the share of
+    positions where heads 1..k all draft the target's own next token; Clover's heads
+    are teacher-forced on the true tokens, which are the drafted ones while the chain
+    holds), and per head ``chain`` (that share).
 
     ``hidden``: a :class:`HiddenCache` to take the target's states from (else the target runs).
     """
     heads.eval()
-    totals = [[0, 0, 0, 0.0, 0.0] for _ in range(heads.config.num_heads)]
+    totals = [[0, 0, 0, 0.0, 0.0, 0, 0] for _ in range(heads.config.num_heads)]
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         n = min(len(records), cfg.eval_conversations)
@@ -376,13 +436,16 @@ def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenC
                       if hidden is not None else None)
             _, stats = batch_loss(heads, target, ids, mask, cfg, gen, 0, hidden=states, exact_metrics=True)
             for t, s in zip(totals, stats):
-                for j in range(5):
+                for j in range(7):
                     t[j] += s[j]
     heads.train()
-    return {f"head{k + 1}": {"top1": t[1] / max(t[0], 1), "top5": t[2] / max(t[0], 1),
-                             "loss": t[3] / max(t[0], 1), "kl": t[4] / max(t[0], 1),
-                             "positions": t[0]}
-            for k, t in enumerate(totals)}
+    full = totals[0][6]
+    out = {f"head{k + 1}": {"top1": t[1] / max(t[0], 1), "top5": t[2] / max(t[0], 1),
+                            "loss": t[3] / max(t[0], 1), "kl": t[4] / max(t[0], 1),
+                            "chain": t[5] / max(full, 1), "positions": t[0]}
+           for k, t in enumerate(totals)}
+    out["chain_tau"] = 1.0 + sum(t[5] for t in totals) / max(full, 1)
+    return out
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -405,12 +468,14 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
     a later call continues from there. With ``cache_hidden`` the target's hidden states
     are kept in host memory after their first use (about T x D x 4 bytes per
     conversation); with ``hidden_cache`` (a file path, see :class:`HiddenCache`) they are
-    all computed up front and shared with later runs on the same data. The final heads
-    are written with
-    ``save_pretrained`` plus ``training.json`` (config, evaluations, wall time).
+    all computed up front and shared with later runs on the same data. With
+    ``cfg.select == "chain"`` the heads of the evaluation with the best held-out chain
+    acceptance are kept in ``out_dir/best`` and become the final heads. The final heads
+    are written with ``save_pretrained`` plus ``training.json`` (config, evaluations,
+    the selected step, wall time).
 
     Returns:
-        the final held-out evaluation.
+        the held-out evaluation of the final (selected) heads.
     Raises:
         ValueError: bad config or data; heads in a checkpoint that do not fit the target.
     """
@@ -488,18 +553,28 @@ def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
                 ev = evaluate(raw, target, held, cfg, pad, hidden)
                 state["evals"].append({"step": state["step"], "wall_s": round(state["wall_s"], 1),
                                        "train_loss": loss.item(), **ev})
-                log.info("step %d held-out %s", state["step"],
-                         {k: round(v["top1"], 3) for k, v in ev.items()})
+                log.info("step %d held-out chain tau %.3f, top-1 %s", state["step"], ev["chain_tau"],
+                         {k: round(v["top1"], 3) for k, v in ev.items() if isinstance(v, dict)})
+                best = state.get("best")
+                if cfg.select == "chain" and (best is None or ev["chain_tau"] > best["chain_tau"]):
+                    state["best"] = {"step": state["step"], "chain_tau": ev["chain_tau"]}
+                    raw.save_pretrained(out_dir / "best")
         if (cfg.save_every and state["step"] % cfg.save_every == 0) or last:
             save(ckpt)
     bar.close()
     raw.eval()
-    raw.save_pretrained(out_dir)
     final = state["evals"][-1] if state["evals"] else {}
+    best = state.get("best")
+    if cfg.select == "chain" and best is not None and best["step"] != state["step"]:
+        raw.load_state_dict(load_heads(out_dir / "best", target).state_dict())
+        final = next(e for e in state["evals"] if e["step"] == best["step"])
+        log.info("kept the step-%d heads (held-out chain tau %.3f)", best["step"], best["chain_tau"])
+    raw.save_pretrained(out_dir)
     (out_dir / "training.json").write_text(json.dumps(
         {"config": asdict(cfg), "target": target.name, "steps": state["step"],
          "wall_s": round(state["wall_s"], 1), "train_conversations": len(train_set),
-         "heldout_conversations": len(held), "evals": state["evals"]}, indent=1) + "\n")
+         "heldout_conversations": len(held), "selected": best if cfg.select == "chain" else None,
+         "evals": state["evals"]}, indent=1) + "\n")
     return final
 
 

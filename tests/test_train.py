@@ -222,3 +222,75 @@ def test_max_conversations_takes_the_first_records_in_file_order(tmp_path, promp
     assert len(everything) > 5 and first == everything[:5]
     with pytest.raises(ValueError, match="max_conversations"):
         TrainConfig(max_conversations=-1)
+
+
+def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_file):
+    """chain_tau = 1 + sum_k P(heads 1..k all give the target's greedy next token),
+    recomputed here position by position from the heads' own outputs."""
+    from clover.heads import new_heads
+    from clover.train import collate, head_outputs, sample_positions, target_hidden
+    from conftest import perturb
+
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=3, heldout_percent=0, eval_conversations=64)
+    records, _ = load_split(data, cfg)
+    heads = perturb(new_heads("clover", target, num_heads=3), 0.3).eval()
+    ev = evaluate(heads, target, records, cfg, 1)
+    chains, full = [0, 0, 0], 0
+    with torch.no_grad():
+        for i in range(0, len(records), 4):
+            ids, mask = collate(records[i:i + 4], 1)
+            pre, post = target_hidden(target, ids)
+            rows, cols = sample_positions(mask, 0, torch.Generator())
+            outs = head_outputs(heads, target, ids, pre, post, rows, cols)
+            T = ids.shape[1]
+            for j in range(len(rows)):
+                b, s = int(rows[j]), int(cols[j])
+                if s + 4 >= T or not mask[b, s + 4]:
+                    continue  # the last head has no target here
+                full += 1
+                for k in range(3):
+                    want = int(target.head_logits(post[b, s + k + 1]).argmax())
+                    if int(outs[k][0][j].argmax()) != want:
+                        break
+                    chains[k] += 1
+    assert full > 20 and ev["head1"]["chain"] == pytest.approx(chains[0] / full)
+    assert ev["chain_tau"] == pytest.approx(1 + sum(chains) / full)
+    assert ev["head1"]["chain"] >= ev["head2"]["chain"] >= ev["head3"]["chain"]
+
+
+def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path, prompt_file):
+    from clover.train import perturb_features
+
+    x = torch.randn(4, 64)
+    g = torch.Generator().manual_seed(0)
+    noisy = perturb_features(x, 0.0, 0.1, g)
+    ratio = (noisy - x).pow(2).mean().sqrt() / x.pow(2).mean().sqrt()
+    assert 0.05 < float(ratio) < 0.2  # noise scaled to the features' RMS
+    assert torch.equal(perturb_features(x, 0.0, 0.0, g), x)
+    with pytest.raises(ValueError, match="dropout"):
+        TrainConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="select"):
+        TrainConfig(select="loss")
+
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=2, steps=6, batch_size=4, heldout_percent=30,
+                      eval_every=1, save_every=3, lr=3e-2, weight_decay=0.01, dropout=0.1,
+                      feature_noise=0.2, topk_weight=0.5, topk=4)
+    final = train(target, data, tmp_path / "heads", cfg, progress=False)
+    info = json.loads((tmp_path / "heads" / "training.json").read_text())
+    taus = {e["step"]: e["chain_tau"] for e in info["evals"]}
+    assert len(taus) == 6 and all(t >= 1.0 for t in taus.values())
+    best = max(taus, key=lambda s: (taus[s], -s))
+    assert info["selected"]["step"] == best and final["chain_tau"] == taus[best]
+    kept = load_heads(tmp_path / "heads", target)
+    saved = load_heads(tmp_path / "heads" / "best", target)
+    assert all(torch.equal(a, b) for a, b in zip(kept.state_dict().values(),
+                                                 saved.state_dict().values()))
+    # evaluation is deterministic: no noise or dropout outside training
+    _, held = load_split(data, cfg)
+    assert evaluate(kept, target, held, cfg, 1) == evaluate(kept, target, held, cfg, 1)
