@@ -162,7 +162,7 @@ def test_hidden_cache_matches_a_fresh_forward():
     direct = target_hidden(target, ids)
     for got, want in ((first[0][1, :9], direct[0][1, :9]), (again[0][1, :5], direct[0][0, :5]),
                       (again[1][0, :3], direct[1][2, :3])):
-        assert torch.allclose(got, want, atol=1e-5)
+        assert torch.allclose(got, want, rtol=2e-3, atol=2e-3)  # stored in fp16
     assert len(cache.store) == 3
 
 
@@ -184,7 +184,8 @@ def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
     assert set(cache.store) == {r["key"] for r in train_set + held[:4]}
     ids, _ = collate([train_set[0]], 0)
     want = target_hidden(target, ids)[0][0]
-    assert torch.allclose(cache.store[train_set[0]["key"]], want, atol=1e-5)
+    assert cache.store[train_set[0]["key"]].dtype == torch.float16
+    assert torch.allclose(cache.store[train_set[0]["key"]].float(), want, rtol=2e-3, atol=2e-3)
     with pytest.raises(ValueError, match="hidden states of another target"):
         HiddenCache(tiny_target("qwen2"), path=file)
     with pytest.raises(ValueError, match="hidden states of another target"):
