@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default=None, help="target (default: embedded model)")
     d.add_argument("--prompts", default=str(_assets() / "prompts" / "train.jsonl"),
                    help="Spec-Bench-format JSONL (question_id, category, turns)")
-    d.add_argument("--out", required=True, help="output folder (resumes when it exists)")
+    d.add_argument("--out", default=None, help="output folder (resumes when it exists)")
     d.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy")
     d.add_argument("--max-new-tokens", type=_positive_int, default=256)
     d.add_argument("--batch-size", type=_positive_int, default=64,
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-tokens", type=_positive_int, default=49152,
                    help="most KV-cache positions per batch: rows x (prompt + max new tokens)")
     d.add_argument("--max-prompts", type=_positive_int, default=None)
+    d.add_argument("--speed-check", type=_positive_int, default=None, metavar="N",
+                   help="write nothing; answer N prompts batched and 8 one at a time, and "
+                        "print both tokens/s and their ratio (one run, same machine)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--device", default=None)
 
@@ -194,6 +197,16 @@ def cmd_data(args) -> int:
                      batch_size=args.batch_size, batch_tokens=args.batch_tokens, seed=args.seed,
                      max_prompts=args.max_prompts)
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    if not args.speed_check and not args.out:
+        raise ValueError("give --out (the data folder) or --speed-check N")
+    if args.speed_check:
+        from clover.data import measure_speed
+
+        print(json.dumps(measure_speed(target, args.prompts, args.speed_check,
+                                       max_new_tokens=args.max_new_tokens,
+                                       batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                                       seed=args.seed)))
+        return 0
     n = build_dataset(target, args.prompts, args.out, cfg)
     print(json.dumps({"out": args.out, "records": n}))
     return 0

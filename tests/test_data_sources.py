@@ -183,3 +183,20 @@ def test_magpie_prompts_are_seeded_and_filtered():
     assert all(p["category"] == "magpie" and p["question_id"].startswith("magpie:7:") for p in a)
     texts = [p["turns"][0] for p in a]
     assert len(set(texts)) == len(texts) and all(10 <= len(x) <= 400 for x in texts)
+
+
+def test_speed_check_measures_both_paths_in_one_run(tmp_path, capsys):
+    from clover.data import measure_speed
+    from conftest import tiny_target
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"question_id": i, "turns": [f"t{i + 4} t{i + 5}"]})
+                              for i in range(12)) + "\n")
+    out = measure_speed(tiny_target("llama", eos=1), path, prompts=12, single=3,
+                        max_new_tokens=6, batch_size=4, progress=False)
+    assert out["single_prompts"] == 3 and out["batched_prompts"] == 12
+    assert 0 < out["single_tokens"] <= 18 and 0 < out["batched_tokens"] <= 72
+    assert out["ratio"] == pytest.approx(out["batched_tokens_per_s"] / out["single_tokens_per_s"],
+                                         rel=0.02)
+    with pytest.raises(ValueError, match=">= 1"):
+        measure_speed(tiny_target("llama"), path, prompts=0)
