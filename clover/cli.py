@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--method", choices=("medusa", "clover"), default=None)
     t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
     t.add_argument("--model", default=None, help="target (default: embedded model)")
-    t.add_argument("--data", required=True, help="folder written by `clover data`")
+    t.add_argument("--data", required=True,
+                   help="folder written by `clover data`, or several separated by commas")
     t.add_argument("--out", required=True, help="heads folder (checkpoints in OUT/checkpoint)")
     for name, typ in (("num-heads", int), ("steps", int), ("batch-size", int), ("positions", int),
                       ("lr", float), ("decay", float), ("hidden-weight", float),

@@ -138,8 +138,17 @@ def is_heldout(question_id, percent: int) -> bool:
     return zlib.crc32(str(question_id).encode()) % 100 < percent
 
 
-def load_split(data_dir: str | Path, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) records of a data folder, cut to ``max_len``.
+def data_dirs(data_dir) -> list[Path]:
+    """One data folder, a comma-separated list of folders, or a list of folders."""
+    if isinstance(data_dir, (list, tuple)):
+        return [Path(d) for d in data_dir]
+    return [Path(d.strip()) for d in str(data_dir).split(",") if d.strip()]
+
+
+def load_split(data_dir, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) records of one or more data folders (see :func:`data_dirs`), cut
+    to ``max_len``. The split is by question id, so the greedy and sampled answers to
+    one prompt land on the same side.
 
     ``tokenizer`` (the target's) rebuilds records stored without their prompt text
     (ShareGPT prompts, see :func:`clover.data.read_records`); without it they are skipped.
@@ -147,8 +156,11 @@ def load_split(data_dir: str | Path, cfg: TrainConfig, tokenizer=None) -> tuple[
     Raises:
         ValueError: when the folder holds no usable records.
     """
+    import itertools
+
     train, held = [], []
-    for n, r in enumerate(read_records(data_dir, tokenizer)):
+    records = itertools.chain.from_iterable(read_records(d, tokenizer) for d in data_dirs(data_dir))
+    for n, r in enumerate(records):
         if cfg.max_conversations and n >= cfg.max_conversations:
             break
         if "input_ids" not in r:
@@ -465,10 +477,11 @@ def lr_lambda(cfg: TrainConfig):
     return f
 
 
-def train(target, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
+def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
           resume: bool = True, progress: bool = True, cache_hidden: bool = True,
           hidden_cache: str | Path | None = None) -> dict:
-    """Train heads for ``target`` and save them to ``out_dir``.
+    """Train heads for ``target`` on one or more data folders (``data_dir``: a path, a
+    comma-separated list or a list) and save them to ``out_dir``.
 
     Checkpoints go to ``out_dir/checkpoint`` every ``save_every`` steps; with ``resume``
     a later call continues from there. With ``cache_hidden`` the target's hidden states

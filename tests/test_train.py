@@ -295,3 +295,16 @@ def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path
     # evaluation is deterministic: no noise or dropout outside training
     _, held = load_split(data, cfg)
     assert evaluate(kept, target, held, cfg, 1) == evaluate(kept, target, held, cfg, 1)
+
+
+def test_training_data_from_several_folders(tmp_path, prompt_file):
+    target = tiny_target("llama", eos=1)
+    build_dataset(target, prompt_file, tmp_path / "greedy", data_cfg(temperatures=(0.0,)), progress=False)
+    build_dataset(target, prompt_file, tmp_path / "sampled", data_cfg(temperatures=(1.0,)), progress=False)
+    cfg = TrainConfig(method="medusa", heldout_percent=30)
+    parts = [load_split(tmp_path / d, cfg) for d in ("greedy", "sampled")]
+    both = load_split(f"{tmp_path / 'greedy'},{tmp_path / 'sampled'}", cfg)
+    assert both[0] == parts[0][0] + parts[1][0] and both[1] == parts[0][1] + parts[1][1]
+    # one prompt's greedy and sampled answers fall on the same side of the split
+    held_q = {r["key"].split("@")[0] for r in both[1]}
+    assert held_q and not held_q & {r["key"].split("@")[0] for r in both[0]}
