@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--device", default=None)
 
+    tx = sub.add_parser("text-data", help="training records of fixed, freely licensed text "
+                                          "(Python's standard-library docstrings), labelled "
+                                          "by the target's forward pass during training")
+    tx.add_argument("--out", required=True, help="output folder (rebuilt)")
+    tx.add_argument("--model", default=None, help="target whose tokenizer to use (default: embedded)")
+    tx.add_argument("--max-answer-tokens", type=_positive_int, default=512)
+    tx.add_argument("--max-texts", type=_positive_int, default=None)
+    tx.add_argument("--device", default=None)
+
     t = sub.add_parser("train", help="train Medusa or Clover heads with the target frozen")
     t.add_argument("--method", choices=("medusa", "clover"), default=None)
     t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
@@ -213,6 +222,19 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_text_data(args) -> int:
+    from clover.data import build_text_dataset
+    from clover.models import load_target
+    from clover.prompts import stdlib_docs
+
+    texts = stdlib_docs()[: args.max_texts]
+    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    n = build_text_dataset(target.tokenizer, texts, args.out, args.max_answer_tokens)
+    print(json.dumps({"out": args.out, "records": n, "source": "Python standard library "
+                      "docstrings (PSF License Agreement)"}))
+    return 0
+
+
 def cmd_prompts(args) -> int:
     from pathlib import Path
 
@@ -302,7 +324,8 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    commands = {"generate": cmd_generate, "data": cmd_data, "prompts": cmd_prompts, "train": cmd_train,
+    commands = {"generate": cmd_generate, "data": cmd_data, "prompts": cmd_prompts,
+                "text-data": cmd_text_data, "train": cmd_train,
                 "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)

@@ -370,3 +370,40 @@ def measure_speed(target, prompts_path: str | Path, prompts: int = 128, single: 
             "ratio": round(batched_tps / single_tps, 2), "single_prompts": min(single, len(ids)),
             "single_tokens": single_tokens, "batched_prompts": len(ids),
             "batched_tokens": batched_tokens}
+
+
+def build_text_dataset(tokenizer, texts: list[dict], out_dir: str | Path, max_answer_tokens: int = 512,
+                       records_per_shard: int = 512) -> int:
+    """Records of fixed text, labelled later by the target in one forward pass.
+
+    Each text becomes the assistant's answer to a short user turn ("Explain <name>.")
+    in the chat template, so the target reads it in the context it decodes in; the
+    answer (cut to ``max_answer_tokens``) is in the loss mask. Training needs no answer
+    from the target: its loss is against the target's own distribution at every answer
+    position (:func:`clover.train.batch_loss`), computed by the forward pass that also
+    gives the heads their features, several times cheaper per token than generating.
+    Only text whose licence allows training belongs here (e.g.
+    :func:`clover.prompts.stdlib_docs`); an existing folder is rebuilt.
+
+    Args:
+        texts: ``{"question_id", "category", "name", "text"}`` records.
+    Returns:
+        the number of records written.
+    """
+    import shutil
+
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    eos = tokenizer.eos_token_id
+    records = []
+    for t in texts:
+        answer = tokenizer.encode(t["text"], add_special_tokens=False)[:max_answer_tokens]
+        if eos is not None and len(answer) < max_answer_tokens:
+            answer.append(eos)  # the answer ends as a chat answer does
+        ids, mask = _conversation(tokenizer, [f"Explain {t['name']}."], [answer])
+        records.append({"id": f"{t['question_id']}@text", "question_id": t["question_id"],
+                        "category": t.get("category", "text"), "temperature": None,
+                        "answers": [answer], "input_ids": ids, "loss_mask": mask})
+    return _append(out_dir, records, 0, records_per_shard)

@@ -304,3 +304,51 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
             counts[name][src] = counts[name].get(src, 0) + 1
     counts["sharegpt_licence"] = sharegpt_licence() if sharegpt != 0 else None
     return counts
+
+
+# ---------------------------------------------------------------- fixed text (forward-labelled)
+
+
+def stdlib_docs(min_chars: int = 200, max_chars: int = 3000, root: str | Path | None = None) -> list[dict]:
+    """Docstrings of Python's standard library, read with ``ast`` from the installed
+    sources (nothing is imported): fixed English text whose licence (the PSF License
+    Agreement, permissive) allows training on it. Modules, public classes and public
+    functions; tests, private names and non-English or too short / too long texts are
+    left out; exact duplicates are dropped.
+
+    Returns:
+        ``{"question_id": "pydoc:<module>.<name>", "category": "docs", "name": ...,
+        "text": docstring}`` sorted by question id.
+    """
+    import ast
+    import inspect
+    import sysconfig
+
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
+            "turtledemo", "__pycache__", "pydoc_data", "encodings"}
+    out, seen = [], set()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in skip or part.startswith("_") and part != "__init__.py" for part in rel.parts):
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        found = [(module, tree)]
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and not node.name.startswith("_"):
+                found.append((f"{module}.{node.name}", node))
+        for name, node in found:
+            doc = ast.get_docstring(node, clean=False)
+            if not doc:
+                continue
+            text = inspect.cleandoc(doc).strip()
+            if not (min_chars <= len(text) <= max_chars and is_english(text)) or text in seen:
+                continue
+            seen.add(text)
+            out.append({"question_id": f"pydoc:{name}", "category": "docs", "name": name, "text": text})
+    return sorted(out, key=lambda r: r["question_id"])

@@ -200,3 +200,36 @@ def test_speed_check_measures_both_paths_in_one_run(tmp_path, capsys):
                                          rel=0.02)
     with pytest.raises(ValueError, match=">= 1"):
         measure_speed(tiny_target("llama"), path, prompts=0)
+
+
+def test_stdlib_docs_reads_public_docstrings_without_importing(tmp_path):
+    from clover.prompts import stdlib_docs
+
+    long = "Return the number of apples in the basket. " * 6
+    (tmp_path / "fruit.py").write_text(
+        f'"""{long}"""\nraise SystemExit("never imported")\n'
+        f'def count():\n    """{long.replace("apples", "pears")}"""\n'
+        f'def _hidden():\n    """{long.replace("apples", "plums")}"""\n'
+        f'def short():\n    """Too short."""\n'
+        f'class Basket:\n    """{long}"""\n')  # a duplicate text: dropped
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "t.py").write_text(f'"""{long.replace("apples", "figs")}"""\n')
+    docs = stdlib_docs(root=tmp_path)
+    assert [d["question_id"] for d in docs] == ["pydoc:fruit", "pydoc:fruit.count"]
+    assert docs[1]["text"].startswith("Return the number of pears")
+
+
+def test_text_records_are_labelled_by_the_forward_pass(tmp_path):
+    from clover.data import build_text_dataset
+    from clover.train import TrainConfig, load_split
+    from conftest import tiny_target
+
+    target = tiny_target("llama", eos=1)
+    texts = [{"question_id": f"pydoc:m{i}", "category": "docs", "name": f"m{i}",
+              "text": " ".join(f"t{(i + j) % 90 + 4}" for j in range(20))} for i in range(6)]
+    assert build_text_dataset(target.tokenizer, texts, tmp_path / "d", max_answer_tokens=12) == 6
+    train_set, _ = load_split(tmp_path / "d", TrainConfig(heldout_percent=0))
+    r = next(x for x in train_set if x["key"].startswith("pydoc:m0@"))
+    start = r["loss_mask"].index(1)
+    assert sum(r["loss_mask"]) == 12 and r["input_ids"][start - 1] == 3  # after the assistant marker
+    assert r["input_ids"][start:] == target.tokenizer.encode(texts[0]["text"])[:12]
