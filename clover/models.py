@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from clover.cpu_attention import use_gqa_sdpa
-from clover.cpu_linear import use_few_row_linears
+from clover.cpu_linear import choose_layout, use_few_row_linears
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class TargetModel:
 
     def __init__(self, model, tokenizer, name: str):
         self.model = use_few_row_linears(model.eval().requires_grad_(False))
+        self.few_row_linears = choose_layout(self.model)  # which layout is faster here
         use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name

@@ -58,3 +58,21 @@ def test_use_few_row_linears_swaps_plain_linears_in_place():
     assert type(m[0]) is FewRowLinear and type(m[2]) is Sub
     assert m.state_dict().keys() == state.keys()
     torch.testing.assert_close(m(x), before)
+
+
+def test_layout_is_chosen_by_timing_and_keeps_results():
+    import torch
+    from torch import nn
+
+    from clover.cpu_linear import FewRowLinear, choose_layout, use_few_row_linears
+
+    torch.manual_seed(0)
+    model = use_few_row_linears(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64)))
+    x = torch.randn(3, 64)
+    before = model(x)
+    kept = choose_layout(model, repeats=2)
+    assert kept in (True, False)
+    assert all(m.few_rows is kept for m in model.modules() if isinstance(m, FewRowLinear))
+    assert torch.allclose(model(x), before, atol=1e-5)
+    assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
+    assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
