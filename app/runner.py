@@ -258,7 +258,8 @@ class LoadedModel:
                      f"(meanwhile {auto_tree().budget} drafted tokens)")
         elif self.auto_trees:
             text += " · **auto tree:** " + ", ".join(
-                f"{names[m]} {t.budget} drafted tokens" for m, t in sorted(self.auto_trees.items()))
+                f"{names[m]} {t.describe() if t.off else f'{t.budget} drafted tokens'}"
+                for m, t in sorted(self.auto_trees.items()))
         if self.untrained:
             which = " and ".join(names[m] for m in self.untrained)
             text += (f"\n\n> ⚠ **Untrained draft heads.** There are no trained {which} heads for "

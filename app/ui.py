@@ -247,7 +247,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                         tree = gr.Dropdown(
                             ["auto", "4", "6", "10", "16", "24", "32"], value="auto",
                             allow_custom_value=True, label="Tree budget (drafted tokens per step)",
-                            info="auto (sized to this machine at start-up), a number, or a spec: "
+                            info="auto (sized to this machine at start-up; may be off when no tree "
+                                 "beats plain decoding), a number, off, or a spec: "
                                  "dynamic:budget=12,topk=4 · small · [[0],[1],[0,0]]")
                         compare = gr.Checkbox(
                             value=True, label="Compare with the other methods",

@@ -147,7 +147,8 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 5,
               prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
-    """Pick the dynamic tree budget that maximises expected tokens/s.
+    """Pick the dynamic tree budget that maximises expected tokens/s, or no tree (kind
+    "off", ``report.chosen`` 0) when none is expected to beat plain decoding.
 
     Args:
         heads: Medusa or Clover heads (None returns ``base`` unchanged).
@@ -221,6 +222,11 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             verify_ms.append(_time(verify(tree), repeats))
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
+    if speed[best] <= 1.0 / plain_ms:  # no tree pays for itself: do not draft
+        report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, 0, nodes)
+        log.info("auto tree: off (best expected speedup %.3f at budget %d; plain %.1f ms/token)",
+                 speed[best] * plain_ms, budgets[best], plain_ms)
+        return replace(base, kind="off", auto=False), report
     report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, budgets[best], nodes)
     log.info("auto tree: budget %d (tau %.2f, %.1f + %.1f ms/step; plain %.1f ms/token)",
              budgets[best], tau[best], draft_ms[best], verify_ms[best], plain_ms)
@@ -277,7 +283,9 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = {}
-    if isinstance(stored.get(key), int):
+    if isinstance(stored.get(key), int):  # 0 = off
+        if stored[key] == 0:
+            return replace(base, kind="off", auto=False)
         return replace(base, kind="dynamic", budget=stored[key], auto=False)
     if not measure:
         return None
@@ -285,7 +293,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
     if report.budgets:  # a real measurement (not the too-short-context fallback)
         try:
             stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-            stored[key] = tree.budget
+            stored[key] = 0 if tree.off else tree.budget
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")

@@ -184,6 +184,8 @@ def cmd_generate(args) -> int:
     result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
     summary = result.summary()
     summary["lossless"] = sampling.lossless
+    if heads is not None:
+        summary["tree"] = engine.tree.describe()
     if args.json:
         print(json.dumps(summary))
     else:
@@ -191,7 +193,8 @@ def cmd_generate(args) -> int:
         print(f"\n[{args.method}] {summary['new_tokens']} tokens in {summary['steps']} steps, "
               f"{summary['mean_accepted_length']:.2f} tokens/step, "
               f"{summary['tokens_per_second']:.1f} tokens/s"
-              + ("" if sampling.lossless else " (typical acceptance: LOSSY)"), file=sys.stderr)
+              + ("" if sampling.lossless else " (typical acceptance: LOSSY)")
+              + (f"; tree: {engine.tree.describe()}" if heads is not None else ""), file=sys.stderr)
     return 0
 
 
@@ -310,6 +313,8 @@ def cmd_bench(args) -> int:
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
                                                     if e.heads is not None and e.tree.kind == "dynamic"},
+                                    "tree_chosen": {m: e.tree.describe() for m, e in engines.items()
+                                                    if e.heads is not None},
                                     "heads": {m: heads_dirs.get(m) or "default" for m in cfg.methods if m != "ar"}})
     print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
     return 0

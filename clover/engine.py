@@ -38,10 +38,11 @@ class Engine:
     Args:
         target: the target model.
         heads: Medusa or Clover heads; None for plain autoregressive decoding.
-        tree: how each step's candidate tree is grown (ignored for plain decoding). With
-            ``tree.auto`` the budget is tuned here, once, by timing this hardware
-            (``clover.autotree.auto_tree``; seconds on a CPU); the measurements are kept
-            in ``autotree_report``.
+        tree: how each step's candidate tree is grown (ignored for plain decoding; a
+            tree of kind "off" drafts nothing, so the heads decode as plain decoding).
+            With ``tree.auto`` the budget is tuned here, once, by timing this hardware
+            (``clover.autotree.auto_tree``; seconds on a CPU; it may choose "off"); the
+            measurements are kept in ``autotree_report``.
     Raises:
         ValueError: when the heads do not fit the target.
     """
@@ -144,7 +145,8 @@ class DecodeRun:
             generator.manual_seed(sampling.seed)
         else:
             generator.seed()
-        drafter = PlainDrafter() if eng.heads is None else eng.heads.drafter(target, eng.tree)
+        drafter = (PlainDrafter() if eng.heads is None or eng.tree.off
+                   else eng.heads.drafter(target, eng.tree))
         cache = new_cache(target.config)
         new: list[int] = []
         detok = TextStream(target.tokenizer)

@@ -62,7 +62,9 @@ class TreeConfig:
     node and :data:`MAX_TREE_DEPTH` levels; ``ValueError`` otherwise.
 
     Attributes:
-        kind: "static" (use ``paths``) or "dynamic" (grow by joint draft probability).
+        kind: "static" (use ``paths``), "dynamic" (grow by joint draft probability) or
+            "off" (draft nothing: plain decoding, the heads unused; what the auto tree
+            chooses when no tree beats plain decoding on this machine).
         paths: static tree, Medusa's format (tuples of child ranks, 0 = most likely).
         budget: dynamic tree: drafted nodes kept, root excluded (N - 1).
         topk: dynamic tree: children proposed per expanded node, and nodes expanded per
@@ -86,13 +88,13 @@ class TreeConfig:
     auto: bool = False
 
     def __post_init__(self):
-        if self.kind not in ("static", "dynamic"):
-            raise ValueError(f"tree kind must be 'static' or 'dynamic', got {self.kind!r}")
+        if self.kind not in ("static", "dynamic", "off"):
+            raise ValueError(f"tree kind must be 'static', 'dynamic' or 'off', got {self.kind!r}")
         if self.auto and self.kind != "dynamic":
             raise ValueError("only a dynamic tree can be sized automatically")
         if self.kind == "static":
             validate_paths(self.paths)
-        else:
+        elif self.kind == "dynamic":
             if not 1 <= self.budget <= MAX_TREE_NODES:
                 raise ValueError(f"tree budget must be in [1, {MAX_TREE_NODES}], got {self.budget}")
             if not 1 <= self.topk <= MAX_TOPK:
@@ -103,6 +105,19 @@ class TreeConfig:
                 raise ValueError(f"tree min_ratio must be in [0, 1), got {self.min_ratio}")
         if self.max_depth is not None and not 1 <= self.max_depth <= MAX_TREE_DEPTH:
             raise ValueError(f"tree max_depth must be in [1, {MAX_TREE_DEPTH}], got {self.max_depth}")
+
+    @property
+    def off(self) -> bool:
+        """True when nothing is drafted (plain decoding)."""
+        return self.kind == "off"
+
+    def describe(self) -> str:
+        """A short human-readable name, e.g. "dynamic, 10 drafted tokens"."""
+        if self.off:
+            return "speculation off (no tree beats plain decoding here)"
+        if self.kind == "static":
+            return f"static, {len(self.paths)} drafted tokens"
+        return f"dynamic, {self.budget} drafted tokens"
 
     @property
     def depth(self) -> int | None:
@@ -142,6 +157,7 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
     """Parse a tree spec from the CLI or the app.
 
     Accepted forms: ``"auto"`` (a dynamic tree sized when the engine is built),
+    ``"off"`` (draft nothing),
     ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,topk=4"``
     (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`
     (exact key), or a JSON path list such as ``"[[0],[1],[0,0]]"``.
@@ -154,6 +170,8 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
     spec = spec.strip()
     if spec == "auto":
         return TreeConfig(auto=True)
+    if spec == "off":
+        return TreeConfig(kind="off")
     if spec in STATIC_TREES:
         return TreeConfig(kind="static", paths=STATIC_TREES[spec])
     if spec.startswith("["):

@@ -65,3 +65,36 @@ def test_time_forward_times_each_size():
     target = tiny_target("llama")
     ms = time_forward(target, [1, 4, 9], prefix_len=8, repeats=1)
     assert len(ms) == 3 and all(m > 0 for m in ms)
+
+
+def _scripted_time(plain_ms, other_ms):
+    """A stand-in for autotree._time: the first call (the plain step) costs ``plain_ms``,
+    every later one (drafting, verification) ``other_ms``."""
+    calls = []
+
+    def fake(fn, repeats):
+        calls.append(1)
+        return plain_ms if len(calls) == 1 else other_ms
+    return fake
+
+
+def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path):
+    import clover.autotree as at
+    from clover import Engine, new_heads
+    from conftest import tiny_target
+
+    target = tiny_target("llama", vocab_size=64)
+    heads = new_heads("clover", target, num_heads=2)
+    monkeypatch.setattr(at, "_time", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
+    tree, report = at.auto_tree(target, heads, repeats=1)
+    assert tree.off and report.chosen == 0 and "speculation off" in tree.describe()
+    out = Engine(target, heads, tree).generate([5, 6, 7], 12)
+    assert out.token_ids == Engine(target).generate([5, 6, 7], 12).token_ids
+    assert all(len(s.nodes) == 1 for s in out.steps)  # nothing drafted
+    # stored as "off" and read back as off
+    assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
+    monkeypatch.setattr(at, "_time", _scripted_time(10.0, 0.01))  # drafting is nearly free
+    assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
+    tree, report = at.auto_tree(target, heads, repeats=1)
+    assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
+    assert parse_tree_spec("off").off and parse_tree_spec("off").describe().startswith("speculation off")

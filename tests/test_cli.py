@@ -51,3 +51,10 @@ def test_generate_clover_json_on_embedded(embedded, capsys):
     out = json.loads(capsys.readouterr().out)
     ids = encode_prompt(embedded.tokenizer, "Name a color.")
     assert out["token_ids"] == Engine(embedded).generate(ids, 12).token_ids
+
+
+def test_tree_off_decodes_plainly_and_says_so(tiny_dir, capsys):
+    rc = main(["generate", "--method", "clover", "--model", str(tiny_dir), "--prompt", "t5 t6 t7",
+               "--max-new-tokens", "6", "--raw", "--json", "--tree", "off"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["steps"] == 6 and out["tree"].startswith("speculation off")
