@@ -285,15 +285,22 @@ class HiddenCache:
 
     def fill(self, records: list[dict], pad: int, batch_size: int = 8, progress: bool = True) -> None:
         """Compute the states of every record not yet stored (shortest first, so batches
-        carry little padding) with a progress bar, then :meth:`save`."""
+        carry little padding) with a progress bar, saving every ten minutes and at the
+        end (:meth:`save`), so an interrupted fill resumes."""
         from tqdm.auto import tqdm
 
+        import time
+
         todo = sorted((r for r in records if r["key"] not in self.store), key=lambda r: len(r["input_ids"]))
+        last_save = time.monotonic()
         for i in tqdm(range(0, len(todo), batch_size), desc="target hidden states",
                       disable=not progress or not todo):
             batch = todo[i: i + batch_size]
             ids, _ = collate(batch, pad)
             self([r["key"] for r in batch], ids.to(self.target.device), [len(r["input_ids"]) for r in batch])
+            if time.monotonic() - last_save > 600:  # an interrupted fill keeps its work
+                self.save()
+                last_save = time.monotonic()
         self.save()
 
     def save(self) -> None:
