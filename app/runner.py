@@ -118,9 +118,33 @@ class Settings:
     heads: str | None = None
 
 
+MAX_SEED = 2**31 - 1
+
+
+def parse_seed(seed) -> int:
+    """The sampling seed of a run: the given whole number (0..MAX_SEED), or a fresh random
+    one when empty, so two runs differ unless a seed is repeated to reproduce one.
+
+    Raises:
+        ValueError: with a message for the visitor.
+    """
+    import secrets
+
+    if seed is None or str(seed).strip() == "":
+        return secrets.randbelow(MAX_SEED + 1)
+    try:
+        value = float(seed)
+    except (TypeError, ValueError):
+        raise ValueError(f"the seed must be a whole number, got {seed!r}") from None
+    if not value.is_integer() or not 0 <= value <= MAX_SEED:
+        raise ValueError(f"the seed must be a whole number from 0 to {MAX_SEED}, got {seed!r}")
+    return int(value)
+
+
 def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=True,
-                   model=None, heads=None, seed: int | None = 0) -> Settings:
-    """Validate the raw values of the settings widgets (or of an API call).
+                   model=None, heads=None, seed=None) -> Settings:
+    """Validate the raw values of the settings widgets (or of an API call). ``seed``:
+    see :func:`parse_seed` (empty = a new random seed for this run).
 
     Raises:
         ValueError: with a message for the visitor.
@@ -148,7 +172,7 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
                          f"got {max_new_tokens:g}")
     return Settings(
         prompt=parse_chat(str(prompt)), method=method,
-        sampling=SamplingConfig(temperature=temperature, seed=seed),
+        sampling=SamplingConfig(temperature=temperature, seed=parse_seed(seed)),
         max_new_tokens=int(n), tree=tree_config(tree), compare=bool(compare),
         model=(str(model).strip() or None) if model else None,
         heads=(str(heads).strip() or None) if heads else None,

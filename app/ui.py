@@ -91,6 +91,7 @@ class RunState:
         results: per finished method, its GenerationResult.
         greedy: whether the run was greedy (so all methods must give the same text).
         stop: the visitor pressed Stop; the run ends after its current step.
+        seed / temperature: the run's sampling seed (shared by its methods) and temperature.
         done: the run finished or was stopped (the step slider is live only then).
     """
 
@@ -100,6 +101,8 @@ class RunState:
     greedy: bool = True
     stop: bool = False
     done: bool = False
+    seed: int | None = None
+    temperature: float = 0.0
 
 
 @dataclass
@@ -167,6 +170,9 @@ def _summary(state: RunState, stopped: bool = False) -> str:
         same = len({tuple(r.token_ids) for r in finished.values()}) == 1
         text += (" All methods wrote exactly the same text, as greedy speculative decoding "
                  "must." if same else " ⚠ The methods' texts differ.")
+    if not state.greedy:
+        text += (f" Sampled at temperature {state.temperature:g} with seed **{state.seed}**: "
+                 f"enter it as the seed to reproduce this run.")
     return text
 
 
@@ -242,6 +248,9 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
                                                 info="0 = greedy; above 0 = lossless speculative "
                                                      "sampling")
+                        seed = gr.Number(value=None, precision=0, label="Seed", elem_id="seed",
+                                         info="for sampling; empty = a new random seed per run "
+                                              "(shown after the run, to reproduce it)")
                         max_new = gr.Number(value=64, label="Max new tokens", elem_id="max-new-tokens",
                                             info=f"1 to {runner.MAX_NEW_TOKENS}")
                         tree = gr.Dropdown(
@@ -328,7 +337,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
             visitor.pressed += 1
 
         def on_run(prompt_text, method_value, temperature_value, max_new_value, tree_value,
-                   compare_value, model_value, heads_value, visitor: Visitor | None = None):
+                   compare_value, model_value, heads_value, seed_value=None,
+                   visitor: Visitor | None = None):
             if visitor is not None:
                 visitor.started += 1
                 if visitor.started <= visitor.stopped:  # Stop was pressed while it queued
@@ -337,11 +347,13 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
             try:
                 settings = runner.parse_settings(prompt_text, method_value, temperature_value,
                                                  max_new_value, tree_value, compare_value,
-                                                 model_value, heads_value)
+                                                 model_value, heads_value, seed_value)
             except ValueError as e:
                 yield fail(str(e))
                 return
-            st = RunState(settings.method, greedy=settings.sampling.temperature == 0)
+            st = RunState(settings.method, greedy=settings.sampling.temperature == 0,
+                          seed=settings.sampling.seed,
+                          temperature=settings.sampling.temperature)
             if settings.model or settings.heads:
                 yield out(status="Loading the model and heads…", state=st)
             try:
@@ -441,7 +453,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                     return
                 time.sleep(0.1)
 
-        run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box]
+        run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed]
         # a press is counted at once, then the run waits its turn in the queue
         for trigger, api in ((run_btn.click, dict(api_name="run")),
                              (prompt.submit, dict(api_visibility="private"))):

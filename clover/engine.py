@@ -217,7 +217,7 @@ class DecodeRun:
             text=target.tokenizer.decode(new, skip_special_tokens=True),
             token_ids=new, steps=steps, prompt_tokens=len(self.prompt),
             prefill_ms=prefill_ms, decode_s=decode_s, stop_reason=stop_reason,
-            method=eng.method,
+            method=eng.method, seed=generator.initial_seed(),
         )
 
     def _cut(self, new: list[int], committed: list[int]) -> tuple[list[int], str | None]:

@@ -108,6 +108,8 @@ class GenerationResult:
             verify_ms (time spent building traces or in the consumer is excluded).
         stop_reason: "eos", "length" or "stop_string".
         method: "ar", "medusa" or "clover".
+        seed: the sampling generator's seed (the given one, or the random one drawn),
+            so a sampled run can be reproduced.
     """
 
     text: str
@@ -118,6 +120,7 @@ class GenerationResult:
     decode_s: float = 0.0
     stop_reason: str = "length"
     method: str = "ar"
+    seed: int | None = None
 
     @property
     def mean_accepted_length(self) -> float:
@@ -145,4 +148,5 @@ class GenerationResult:
             "prefill_ms": round(self.prefill_ms, 3),
             "decode_s": round(self.decode_s, 4),
             "stop_reason": self.stop_reason,
+            "seed": self.seed,
         }

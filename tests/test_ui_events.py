@@ -37,14 +37,33 @@ def test_stop_cancels_a_queued_run(handlers):
     visitor = Visitor()
     on_press(visitor)  # Run pressed: the run waits in the queue ...
     on_stop(None, visitor)  # ... and Stop is pressed before it starts
-    outputs = list(on_run(*args, visitor))
+    outputs = list(on_run(*args, None, visitor))
     assert len(outputs) == 1 and "Stopped** before it started" in outputs[0][0]
     # the next press runs normally and decodes
     on_press(visitor)
-    outputs = list(on_run(*args, visitor))
+    outputs = list(on_run(*args, None, visitor))
     assert "Done" in outputs[-1][0]
     # two presses queued, one Stop: both are cancelled
     on_press(visitor)
     on_press(visitor)
     on_stop(None, visitor)
-    assert all("before it started" in list(on_run(*args, visitor))[0][0] for _ in range(2))
+    assert all("before it started" in list(on_run(*args, None, visitor))[0][0] for _ in range(2))
+
+
+def test_each_run_has_its_own_seed_and_a_seed_reproduces(handlers):
+    on_run = handlers["on_run"]
+
+    def text(seed):
+        outputs = list(on_run("t5 t6 t7", "clover", 1.0, 24, "4", True, "", "", seed, Visitor()))
+        assert "Done" in outputs[-1][0]
+        return outputs[-1][5], outputs[-1][0]  # the plain text, the status
+
+    a, status = text(11)
+    assert "seed **11**" in status and "temperature 1" in status
+    assert text(11)[0] == a  # the same seed reproduces the run
+    assert text(12)[0] != a  # another seed samples another text
+    seeds = {runner.parse_seed(None) for _ in range(5)}
+    assert len(seeds) == 5  # empty: a fresh seed per run
+    for bad in (-1, 2.5, "x", 2**31):
+        with pytest.raises(ValueError, match="seed"):
+            runner.parse_seed(bad)
