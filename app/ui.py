@@ -136,20 +136,23 @@ def _message(text: str) -> str:
     return f"**⚠ {text[0].upper() + text[1:]}**" if text else ""
 
 
-def _metrics(state: RunState, note: str = TIMING_NOTE) -> str:
-    """The metrics panel for the watched run, with every measured run in a table."""
-    live = state.runs.get(state.method, [])
+def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None,
+             upto: int | None = None) -> str:
+    """The metrics panel for the watched run (or ``method``'s, over its first ``upto``
+    steps: the step view), with every measured run in a table."""
+    method = method or state.method
+    live = state.runs.get(method, [])[:upto]
     table = []
     for m in runner.METHODS:
         if state.runs.get(m):
             done = ("done" if m in state.results else "stopped" if state.done or m != state.method
                     else "running")
             table.append((m, run_stats(state.runs[m]), done))
-    if "ar" not in state.runs and state.method != "ar":
+    if "ar" not in state.runs and method != "ar":
         note += " Turn on *Compare with the other methods* to measure the speedups."
     vs_plain = speedup(live, state.runs.get("ar", []))
     vs_medusa = speedup(live, state.runs.get("medusa", []))
-    return figures.metrics_html(state.method, run_stats(live), vs_plain, vs_medusa, table, note)
+    return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note)
 
 
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
@@ -420,20 +423,26 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
             if st is not None and not st.done:
                 st.stop = True
 
+        def step_view(st: RunState, method_value: str, i: int) -> tuple:
+            """Step ``i`` of a run as one picture: its tree, the text committed up to it
+            and the metrics so far."""
+            steps = st.runs[method_value]
+            return (figures.tree_figure(steps[i], len(steps)), figures.tokens_html(steps[: i + 1]),
+                    _metrics(st, method=method_value, upto=i + 1))
+
         def on_browse(step_number, method_value, st: RunState | None):
             if not st or not st.done or not st.runs.get(method_value):
-                return gr.skip()
+                return gr.skip(), gr.skip(), gr.skip()
             steps = st.runs[method_value]
             i = min(max(int(step_number or 1), 1), len(steps)) - 1
-            return figures.tree_figure(steps[i], len(steps))
+            return step_view(st, method_value, i)
 
         def on_pick_trace(method_value, st: RunState | None):
             if not st or not st.done or not st.runs.get(method_value):
-                return gr.skip(), gr.skip()
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip()
             steps = st.runs[method_value]
             return (gr.update(minimum=1, maximum=max(len(steps), 2), value=len(steps),
-                              interactive=len(steps) > 1),
-                    figures.tree_figure(steps[-1], len(steps)))
+                              interactive=len(steps) > 1),) + step_view(st, method_value, len(steps) - 1)
 
         def on_replay(st: RunState | None):
             """The race replayed in real time (faster when long). A plain generator, so
@@ -466,10 +475,10 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
         # cancels the run outright.
         stop_btn.click(on_stop, [state, visitor], None, api_visibility="private",
                        concurrency_limit=None, show_progress="hidden")
-        step_slider.change(on_browse, [step_slider, browse, state], [tree_plot],
+        step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics],
                            api_visibility="private", concurrency_limit=None,
                            show_progress="hidden", trigger_mode="always_last")
-        browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot],
+        browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics],
                      api_visibility="private", concurrency_limit=None, show_progress="hidden")
         replay_btn.click(on_replay, [state], [race_plot], api_visibility="private",
                          concurrency_limit=None, show_progress="hidden")

@@ -105,6 +105,10 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page.wait_for_function(
         "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 2 of')",
         timeout=30_000)
+    # the step view is one picture: the text and the metrics as they were after step 2
+    page.wait_for_function("document.querySelector('#metrics').innerText.includes('step 2 ·')",
+                           timeout=30_000)
+    assert 2 <= page.locator("#generated-text span").count() < 16
 
     page.get_by_role("tab", name="How Clover works").click()
     page.wait_for_selector("#diagram svg")

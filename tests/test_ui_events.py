@@ -67,3 +67,17 @@ def test_each_run_has_its_own_seed_and_a_seed_reproduces(handlers):
     for bad in (-1, 2.5, "x", 2**31):
         with pytest.raises(ValueError, match="seed"):
             runner.parse_seed(bad)
+
+
+def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
+    on_run, on_browse = handlers["on_run"], handlers["on_browse"]
+    outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", False, "", "", 0, Visitor()))
+    st = outputs[-1][-1]  # the RunState
+    steps = st.runs["clover"]
+    assert len(steps) >= 3
+    tree, text, metrics = on_browse(2, "clover", st)
+    assert tree.layout.title.text.startswith(f"Step 2 of {len(steps)}")
+    assert f"step 2 · {steps[1].total_tokens} tokens" in metrics
+    assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])
+    last = on_browse(len(steps), "clover", st)
+    assert f"step {len(steps)} · 12 tokens" in last[2]
