@@ -80,6 +80,7 @@ class RunRecord:
     verify_ms: float
     text: list[str] = field(default_factory=list)
     matches_plain: bool | None = None
+    ttft_ms: float = 0.0  # time to the first new token: prefill + the first step, first turn
 
 
 def acceptance_per_depth(results: list[GenerationResult], depth: int) -> list[float]:
@@ -121,6 +122,11 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
               cfg: BenchConfig, progress: bool = True, extra_meta: dict | None = None) -> dict:
     """Run the benchmark and write results.json, results.md and charts.html.
 
+    At temperature 0 every speculative run's text is compared with plain decoding's on
+    the same prompt and repeat, whatever order the methods run in; greedy mismatches
+    are listed in ``results["mismatches"]`` and in results.md (``clover bench`` then
+    exits with status 1).
+
     Args:
         engines: method name -> Engine (the same target for all).
     Returns:
@@ -153,7 +159,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                disable=not progress)
     for r in range(cfg.repeats):
         for i, p in enumerate(prompts):
-            plain_text = None
+            group: list[RunRecord] = []
             for m in cfg.methods:  # interleaved: A B C per prompt
                 bar.set_postfix(prompt=str(p["question_id"]), method=m)
                 seed = cfg.seed * 1_000_003 + r * 10_007 + i
@@ -172,18 +178,32 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                     acceptance_per_depth=acceptance_per_depth(results, depth),
                     draft_ms=statistics.fmean(s.draft_ms for s in all_steps),
                     verify_ms=statistics.fmean(s.verify_ms for s in all_steps),
-                    text=[x.text for x in results])
-                if m == "ar":
-                    plain_text = rec.text
-                if cfg.temperature == 0 and plain_text is not None:
-                    rec.matches_plain = rec.text == plain_text
+                    text=[x.text for x in results],
+                    ttft_ms=results[0].prefill_ms + (results[0].steps[0].draft_ms
+                                                      + results[0].steps[0].verify_ms
+                                                      if results[0].steps else 0.0))
+                group.append(rec)
                 records.append(rec)
                 bar.update(1)
+            # greedy exactness, whatever order the methods ran in
+            plain = next((x for x in group if x.method == "ar"), None)
+            if cfg.temperature == 0 and plain is not None:
+                for x in group:
+                    if x.method != "ar":
+                        x.matches_plain = x.text == plain.text
     bar.close()
+    mismatches = [f"{x.method} on {x.question_id} (repeat {x.repeat})" for x in records
+                  if x.matches_plain is False]
 
     results = {"meta": {**machine_info(target), **(extra_meta or {}),
                         "prompts": str(prompts_path), "n_prompts": len(prompts),
-                        "config": asdict(cfg)},
+                        "config": asdict(cfg),
+                        "method_order": f"interleaved per prompt: {', '.join(cfg.methods)}",
+                        "warmup": {"runs_per_method": cfg.warmup,
+                                   "new_tokens": min(16, cfg.max_new_tokens),
+                                   "prompt": str(prompts[0]["question_id"])},
+                        "chat_template": getattr(target.tokenizer, "chat_template", None)},
+               "mismatches": mismatches,
                "summary": summarize(records, cfg),
                "runs": [asdict(x) for x in records]}
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -241,6 +261,9 @@ def markdown_tables(results: dict) -> str:
              f"max_new_tokens={meta['config']['max_new_tokens']}, "
              f"temperature={meta['config']['temperature']}, repeats={meta['config']['repeats']}; "
              f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['processor']}.", ""]
+    if results.get("mismatches"):
+        lines += ["**⚠ Greedy output differs from plain decoding** (a correctness bug): "
+                  + "; ".join(results["mismatches"]), ""]
     for cat, methods in results["summary"].items():
         lines += [f"## {cat}", "", "| method | tokens/s | tokens/step | draft ms/step | verify ms/step "
                   "| speedup vs plain (min-max) | same text as plain |", "|---|---|---|---|---|---|---|"]

@@ -317,6 +317,10 @@ def cmd_bench(args) -> int:
                                                     if e.heads is not None},
                                     "heads": {m: heads_dirs.get(m) or "default" for m in cfg.methods if m != "ar"}})
     print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
+    if results["mismatches"]:
+        print("clover bench: error: greedy output differs from plain decoding: "
+              + "; ".join(results["mismatches"]), file=sys.stderr)
+        return 1
     return 0
 
 

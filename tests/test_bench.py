@@ -94,3 +94,35 @@ def test_bench_config_errors(tiny_dir, prompts, tmp_path, capsys):
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--methods", "ar,eagle",
                "--out", str(tmp_path / "x")])
     assert rc == 2 and "unknown methods" in capsys.readouterr().err
+
+
+def test_exactness_is_checked_whatever_the_order_and_a_mismatch_fails(tiny_dir, prompts, tmp_path,
+                                                                       capsys, monkeypatch):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "6",
+               "--repeats", "1", "--methods", "clover,ar", "--tree", "small", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    assert rc == 0 and res["mismatches"] == []
+    assert all(r["matches_plain"] is True for r in res["runs"] if r["method"] == "clover")
+    assert res["meta"]["method_order"].endswith("clover, ar")
+    assert res["meta"]["warmup"]["new_tokens"] == 6 and "chat_template" in res["meta"]
+    assert all(r["ttft_ms"] > 0 for r in res["runs"])
+    capsys.readouterr()
+
+    # a planted bug: the Clover engine's text changes after decoding
+    from clover.engine import Engine
+    real = Engine.generate
+
+    def broken(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        if self.method == "clover":
+            result.text += " (wrong)"
+        return result
+
+    monkeypatch.setattr(Engine, "generate", broken)
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "6",
+               "--repeats", "1", "--methods", "clover,ar", "--tree", "small", "--out", str(out)])
+    err = capsys.readouterr().err
+    res = json.loads((out / "results.json").read_text())
+    assert rc == 1 and "differs from plain decoding" in err and "clover on 1" in err
+    assert len(res["mismatches"]) == 3 and "Greedy output differs" in (out / "results.md").read_text()
