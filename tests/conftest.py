@@ -63,9 +63,13 @@ def tiny_model(arch: str, vocab_size: int = 96, seed: int = 0, eos: int | None =
     return model.eval()
 
 
+# scripts/gpu_check.sh runs the engine tests with CLOVER_TEST_DEVICE=cuda
+TEST_DEVICE = os.environ.get("CLOVER_TEST_DEVICE", "cpu")
+
+
 def tiny_target(arch: str = "llama", vocab_size: int = 96, seed: int = 0,
                 eos: int | None = None) -> TargetModel:
-    model = tiny_model(arch, vocab_size, seed, eos)
+    model = tiny_model(arch, vocab_size, seed, eos).to(TEST_DEVICE)
     tok = tiny_tokenizer(vocab_size)
     target = TargetModel(model, tok, f"tiny-{arch}")
     target.eos_token_ids = {eos} if eos is not None else set()
