@@ -46,6 +46,21 @@ def shot(page, tmp_path, name):
     return path
 
 
+def start_run(browser, url, prompt, max_new_tokens, compare=False, page=None):
+    """Open the app (or reuse ``page``), type ``prompt``, set the token limit and the
+    comparison, press Run; returns the page."""
+    if page is None:
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("#prompt textarea")
+    page.fill("#prompt textarea", prompt)
+    page.locator("#max-new-tokens input").fill(str(max_new_tokens))
+    if not compare:
+        page.get_by_label("Compare with the other methods").uncheck()
+    page.click("#run-button")
+    return page
+
+
 def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(app_url)
@@ -119,13 +134,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
 
 
 def test_stop_cancels_a_run(app_url, browser, tmp_path):
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    page.goto(app_url)
-    page.wait_for_selector("#prompt textarea")
-    page.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
-    page.locator("#max-new-tokens input").fill("400")
-    page.get_by_label("Compare with the other methods").uncheck()
-    page.click("#run-button")
+    page = start_run(browser, app_url, "Tell me a long story about a lighthouse keeper.", 400)
     page.wait_for_function("document.querySelector('#status').innerText.includes('step 3 ')",
                            timeout=240_000)
     page.click("#stop-button")
@@ -151,13 +160,7 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
 
     ref = Engine(embedded).generate(encode_prompt(embedded.tokenizer, EMOJI_PROMPT), 14)
     assert "🦙" in ref.text  # the premise: the answer has characters of several tokens
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    page.goto(app_url)
-    page.wait_for_selector("#prompt textarea")
-    page.fill("#prompt textarea", EMOJI_PROMPT)
-    page.locator("#max-new-tokens input").fill("14")
-    page.get_by_label("Compare with the other methods").uncheck()
-    page.click("#run-button")
+    page = start_run(browser, app_url, EMOJI_PROMPT, 14)
     seen = []
     for _ in range(2400):
         seen.append(page.inner_text("#generated-text"))
@@ -225,14 +228,9 @@ def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
     heads = ScriptedHeads(embedded, chain_fn(ids + ref.token_ids + filler))
     demo = build_demo(target=embedded, method_heads={"clover": heads}, warm_up=False)
     url = serve(demo)
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page = None
     try:
-        page.goto(url)
-        page.wait_for_selector("#prompt textarea")
-        page.fill("#prompt textarea", EOS_PROMPT)
-        page.locator("#max-new-tokens input").fill("64")
-        page.get_by_label("Compare with the other methods").uncheck()
-        page.click("#run-button")
+        page = start_run(browser, url, EOS_PROMPT, 64)
         page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
                                timeout=240_000)
         metrics = page.locator("#metrics").inner_text()
@@ -250,5 +248,6 @@ def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
         assert text.replace("<|im_end|>", "") == ref.text
         shot(page, tmp_path, "app-eos-inside-block.png")
     finally:
-        page.close()
+        if page is not None:
+            page.close()
         demo.close()
