@@ -48,12 +48,16 @@ def test_auto_tree_on_a_tiny_model():
     # 64 is beyond the tree's pool (3 + 2 * 9 = 21 nodes for topk 3, 3 heads): tried as 21
     assert report.budgets == [1, 4, 16, 21] and pool_size(TreeConfig(), 3) == 21
     assert all(n <= b for n, b in zip(report.nodes, report.budgets)) and report.nodes[0] == 1
-    assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16, 21)
     assert len(report.tau) == 4 and all(t >= 1.0 for t in report.tau)
     assert report.tau == sorted(report.tau)  # a bigger tree never accepts less
     assert all(v > 0 for v in report.verify_ms) and report.plain_ms > 0
     speed = [t / (d + v) for t, d, v in zip(report.tau, report.draft_ms, report.verify_ms)]
-    assert speed[report.budgets.index(report.chosen)] == max(speed)
+    # measured times decide: random heads on a tiny model may not beat plain decoding
+    if max(speed) > 1.0 / report.plain_ms:
+        assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16, 21)
+        assert speed[report.budgets.index(report.chosen)] == max(speed)
+    else:
+        assert cfg.off and report.chosen == 0
     # the engine tunes at construction with tree "auto", and stays lossless
     engine = Engine(target, heads, parse_tree_spec("auto"))
     assert engine.autotree_report is not None and not engine.tree.auto
