@@ -326,9 +326,7 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medus
     Raises:
         ValueError: a missing folder, or heads that do not fit the target.
     """
-    from clover.cli import load_method
-    from clover.heads import shipped_heads_dir
-    from clover.models import EMBEDDED_NAME
+    from clover.heads import heads_for
 
     heads, sources = {}, {}
     if heads_dir and not any(_heads_folder(heads_dir, k) for k in ("medusa", "clover")):
@@ -336,13 +334,7 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medus
                          f"and model.safetensors, or medusa/ and clover/ subfolders)")
     for kind in kinds:
         folder = _heads_folder(heads_dir, kind)
-        if folder is not None:
-            sources[kind] = f"loaded from {folder}"
-        elif target.name == EMBEDDED_NAME and shipped_heads_dir(kind):
-            sources[kind] = "trained, shipped with the app"
-        else:
-            sources[kind] = "untrained (freshly initialised)"
-        heads[kind] = load_method(kind, target, str(folder) if folder else None, num_heads)
+        heads[kind], sources[kind] = heads_for(kind, target, str(folder) if folder else None, num_heads)
     return heads, sources
 
 

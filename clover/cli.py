@@ -148,24 +148,10 @@ def _assets():
 
 
 def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
-    """Heads for ``method`` ("ar" -> None): from ``heads_dir``, the shipped ones for the
-    embedded model, or freshly initialised (with a warning)."""
-    from clover.heads import load_heads, new_heads, shipped_heads_dir
-    from clover.models import EMBEDDED_NAME
+    """Heads for ``method`` ("ar" -> None), as :func:`clover.heads.heads_for` decides."""
+    from clover.heads import heads_for
 
-    if method == "ar":
-        return None
-    if heads_dir is None and target.name == EMBEDDED_NAME:
-        shipped = shipped_heads_dir(method)
-        heads_dir = str(shipped) if shipped else None
-    if heads_dir is not None:
-        heads = load_heads(heads_dir, target)
-        if heads.config.kind != method:
-            raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {method}")
-        return heads
-    log.warning("no trained %s heads for %s: using freshly initialised heads "
-                "(they guess badly, so expect little speedup)", method, target.name)
-    return new_heads(method, target, num_heads=num_heads)
+    return heads_for(method, target, heads_dir, num_heads)[0]
 
 
 def cmd_generate(args) -> int:

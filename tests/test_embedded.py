@@ -85,3 +85,20 @@ def test_eos_and_one_token_prompt_on_embedded(embedded, references):
 def test_over_long_prompt_on_embedded(embedded):
     with pytest.raises(ValueError, match="context"):
         Engine(embedded).generate([100] * (embedded.max_context + 1), 8)
+
+
+def test_shipped_heads_fit_the_embedded_model_under_its_hub_name(embedded):
+    """The Space loads SmolLM2-135M-Instruct by hub id: the shipped heads (trained on the
+    GGUF copy) are chosen by fingerprint, and say so."""
+    from clover.heads import SHIPPED, heads_for
+    from clover.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
+
+    for kind in ("medusa", "clover"):
+        heads, source = heads_for(kind, embedded)
+        assert source == SHIPPED and heads.config.target_fingerprint == embedded.fingerprint
+    try:
+        embedded.name = EMBEDDED_HUB_ID
+        heads, source = heads_for("clover", embedded)
+        assert source == f"{SHIPPED} (trained on the embedded GGUF copy)"
+    finally:
+        embedded.name = EMBEDDED_NAME

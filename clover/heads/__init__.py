@@ -5,7 +5,8 @@ import logging
 from pathlib import Path
 
 from clover.cpu_linear import use_few_row_linears
-from clover.heads.base import DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits
+from clover.heads.base import (DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits,
+                               fingerprint_matches)
 from clover.heads.clover import CloverHeads
 from clover.heads.medusa import MedusaHeads
 
@@ -42,7 +43,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
     """
     cfg = DraftHeads.read_config(path)
     check_fits(cfg, target)
-    if cfg.target and cfg.target != target.name:
+    if cfg.target and cfg.target != target.name and not fingerprint_matches(cfg, target):
         log.warning("heads in %s were trained for %s, not %s", path, cfg.target, target.name)
     heads = _build(cfg, target).to(device=target.device, dtype=target.dtype)
     heads.load_weights(path)
@@ -56,7 +57,8 @@ def _build(cfg: HeadConfig, target) -> DraftHeads:
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads",
-           "METHODS", "new_heads", "load_heads", "check_fits", "shipped_heads_dir"]
+           "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
+           "shipped_heads_dir"]
 
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -66,3 +68,51 @@ def shipped_heads_dir(kind: str) -> Path | None:
     """Folder of the heads shipped for the embedded model, or None when absent."""
     path = ASSETS_DIR / "heads" / kind
     return path if (path / "config.json").is_file() else None
+
+
+SHIPPED = "trained, shipped with the app"
+UNTRAINED = "untrained (freshly initialised)"
+
+
+def heads_for(method: str, target, heads_dir: str | Path | None = None,
+              num_heads: int = 3) -> tuple[DraftHeads | None, str]:
+    """The heads that ``method`` decodes ``target`` with, and where they came from.
+
+    One decision for the CLI, the app, the bench and the notebooks: heads from
+    ``heads_dir`` when given; else the heads shipped in ``assets/heads/`` when they were
+    made for this target (the embedded model, or the same model from the hub in any
+    dtype: same :func:`clover.models.target_fingerprint`); else freshly initialised heads,
+    with a warning.
+
+    Args:
+        method: "ar" (returns ``(None, "")``), "medusa" or "clover".
+        heads_dir: a folder holding heads saved with ``save_pretrained``.
+    Returns:
+        (heads or None, provenance): "loaded from DIR", "trained, shipped with the app"
+        (plus "(trained on the embedded GGUF copy)" when the target was loaded otherwise),
+        or "untrained (freshly initialised)".
+    Raises:
+        ValueError: unknown method; heads of another kind in ``heads_dir``; heads that were
+            made for another model (:func:`check_fits`).
+        FileNotFoundError: ``heads_dir`` holds no heads.
+    """
+    from clover.models import EMBEDDED_NAME
+
+    if method == "ar":
+        return None, ""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+    if heads_dir is not None:
+        heads = load_heads(heads_dir, target)
+        if heads.config.kind != method:
+            raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {method}")
+        return heads, f"loaded from {heads_dir}"
+    shipped = shipped_heads_dir(method)
+    if shipped is not None:
+        cfg = DraftHeads.read_config(shipped)
+        if fingerprint_matches(cfg, target) or (target.name == EMBEDDED_NAME and not cfg.target_fingerprint):
+            source = SHIPPED if target.name == cfg.target else f"{SHIPPED} (trained on the embedded GGUF copy)"
+            return load_heads(shipped, target), source
+    log.warning("no trained %s heads for %s: using freshly initialised heads "
+                "(they guess badly, so expect little speedup)", method, target.name)
+    return new_heads(method, target, num_heads=num_heads), UNTRAINED

@@ -14,7 +14,7 @@ compared on identical machinery. Plain decoding is :class:`PlainDrafter`: the em
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -49,6 +49,8 @@ class HeadConfig:
             cuts the vocabulary projection, the largest drafting cost, by V / V'
             (FR-Spec, arXiv 2502.14856). 0 = the full vocabulary. Drafts are only
             proposals, so this never changes the output.
+        target_fingerprint: :func:`clover.models.target_fingerprint` of the target
+            ({"architecture", "vocabulary"} hashes); empty in heads saved before it existed.
     """
 
     kind: str
@@ -61,6 +63,7 @@ class HeadConfig:
     own_lm_head: bool = False
     norm_eps: float = 1e-6
     draft_vocab_size: int = 0
+    target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in ("medusa", "clover"):
@@ -80,7 +83,8 @@ class HeadConfig:
         return cls(kind=kind, num_heads=num_heads, hidden_size=target.hidden_size,
                    vocab_size=target.vocab_size, target=target.name,
                    target_model_type=target.config.model_type,
-                   num_attention_heads=target.config.num_attention_heads, **kw)
+                   num_attention_heads=target.config.num_attention_heads,
+                   target_fingerprint=dict(target.fingerprint), **kw)
 
     @classmethod
     def from_dict(cls, d: dict) -> "HeadConfig":
@@ -88,13 +92,33 @@ class HeadConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+def fingerprint_matches(config: HeadConfig, target) -> bool:
+    """Whether heads were made for exactly this target (architecture and vocabulary; any
+    dtype or file format). Heads saved without a fingerprint match none."""
+    return bool(config.target_fingerprint) and config.target_fingerprint == target.fingerprint
+
+
 def check_fits(config: HeadConfig, target) -> None:
-    """Raise a clear ValueError when heads do not fit ``target``'s sizes."""
+    """Raise a clear ValueError when heads were made for another model: different sizes,
+    model type, architecture config or tokenizer vocabulary (the last two by
+    :func:`clover.models.target_fingerprint`, so a model of the same sizes with other
+    layers, RoPE base or token ids is refused too). Heads saved without a fingerprint are
+    checked by sizes and model type only."""
     problems = []
     if config.hidden_size != target.hidden_size:
         problems.append(f"hidden size {config.hidden_size} != target's {target.hidden_size}")
     if config.vocab_size != target.vocab_size:
         problems.append(f"vocabulary {config.vocab_size} != target's {target.vocab_size}")
+    model_type = getattr(target.config, "model_type", "")
+    if config.target_model_type and model_type and config.target_model_type != model_type:
+        problems.append(f"model type {config.target_model_type!r} != target's {model_type!r}")
+    if not problems and config.target_fingerprint:
+        for part, what in (("architecture", "architecture config (layers, heads, RoPE, norms)"),
+                           ("vocabulary", "tokenizer vocabulary (token ids)")):
+            want = config.target_fingerprint.get(part)
+            if want and want != target.fingerprint[part]:
+                problems.append(f"the {what} differs (fingerprint {want} != target's "
+                                f"{target.fingerprint[part]})")
     if problems:
         raise ValueError(
             f"these {config.kind} heads were made for {config.target or 'another model'!r} "
