@@ -317,6 +317,14 @@ def _heads_folder(heads_dir: str | None, kind: str) -> Path | None:
     return None
 
 
+def target_label(target, model: str | None) -> str:
+    """The model's name as the banner shows it: the default model says whether it is the
+    embedded GGUF copy or the same model from the hub (as on a Space)."""
+    if model:
+        return target.name
+    return f"{target.name} ({'from the hub' if target.loaded_from == 'hub' else 'embedded'})"
+
+
 def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medusa", "clover"),
                    num_heads: int = 3) -> tuple[dict, dict]:
     """Heads of each of ``kinds`` for ``target``, and where each came from: ``heads_dir``
@@ -404,7 +412,7 @@ def get_model(model: str | None, heads_dir: str | None,
         target, label = default.target, default.label
     else:
         target = open_target(model)
-        label = target.name if model else f"{target.name} (embedded)"
+        label = target_label(target, model)
     loaded = register_model(key, target, heads_dir=heads_dir, label=label)
     with _MODELS_LOCK:
         extra = [k for k in _MODELS if "|" in k and k != key]

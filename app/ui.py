@@ -220,7 +220,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
     if target is None:
         target = runner.open_target(model)
     default_key = f"app-{uuid.uuid4().hex[:8]}"
-    label = target.name + (" (embedded)" if model is None else "")
+    label = runner.target_label(target, model)
     loaded = runner.register_model(default_key, target, heads=method_heads, heads_dir=heads,
                                    label=label, warm_up=warm_up)
     examples = load_examples()

@@ -119,6 +119,8 @@ class TargetModel:
         tokenizer: its tokenizer (with chat template when the model has one).
         name: a short name recorded in saved heads (hub id, folder name or
             ``SmolLM2-135M-Instruct`` for the embedded model).
+        loaded_from: "embedded GGUF copy", "hub" or "folder" (from :func:`load_target`;
+            empty for a model wrapped directly).
         hidden_size (D), vocab_size (V), max_context (positions).
         eos_token_ids: ids that end generation.
 
@@ -134,6 +136,7 @@ class TargetModel:
         use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
+        self.loaded_from = ""  # set by load_target: "embedded GGUF copy", "hub" or "folder"
         self.config = model.config
         self.base = model.base_model
         self.final_norm = getattr(self.base, final_norm_name(self.base))
@@ -411,7 +414,12 @@ def load_target(model: str | None = None, device: str | None = None,
         name = Path(model).name if Path(model).is_dir() else model
     tokenizer = AutoTokenizer.from_pretrained(source)
     lm = AutoModelForCausalLM.from_pretrained(source, dtype=dt).to(dev)
-    return TargetModel(lm, tokenizer, name)
+    target = TargetModel(lm, tokenizer, name)
+    if isinstance(source, Path):
+        target.loaded_from = "embedded GGUF copy"
+    else:
+        target.loaded_from = "folder" if Path(source).is_dir() else "hub"
+    return target
 
 
 def _special_strings(tokenizer) -> list[str]:
