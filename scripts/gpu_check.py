@@ -9,7 +9,9 @@ Run through ``scripts/gpu_check.sh --out DIR [--dry-run]``. Everything it measur
    tokens, with a random-weight model of the embedded model's exact config (its 98 MB
    weights are not in the repository copy the device machine gets);
 3. drafting time of Medusa and Clover heads (random weights, the shipped heads' shapes)
-   per tree budget;
+   per tree budget (bf16 on the GPU, as the app runs there);
+3b. the verify forward under ``torch.compile`` (inductor, and CUDA graphs through
+   "reduce-overhead"), its logits checked against eager;
 4. predicted tokens/s per method and budget: the accepted length per budget measured on
    the CPU with the shipped heads (``assets/heads/tau.json``, written by
    ``--measure-tau`` on a machine with the embedded model) over the measured step time,
@@ -136,7 +138,8 @@ def step_costs(device: str, dry: bool) -> dict:
     from clover.cache import new_cache
     from clover.tree import Tree, TreeConfig
 
-    target = random_target(device, torch.float32, dry)
+    dtype = torch.float32 if dry else torch.bfloat16  # the app's dtype on each device
+    target = random_target(device, dtype, dry)
     sizes = [1, 2, 4, 8] if dry else [1, 2, 4, 8, 16, 32, 48, 64]
     repeats = 2 if dry else 10
     prefix = 64 if dry else 256
@@ -156,10 +159,52 @@ def step_costs(device: str, dry: bool) -> dict:
                 drafter.observe(out.hidden_pre, out.hidden_post)
                 per[b] = timed(lambda: drafter.draft(int(ids[0, -1]), 3), device, repeats)
         drafting[kind] = per
-    return {"model": "random weights, SmolLM2-135M config" + (" (4 layers, 4k vocab: dry run)" if dry else ""),
+    return {"dtype": str(dtype).replace("torch.", ""),
+            "model": "random weights, SmolLM2-135M config" + (" (4 layers, 4k vocab: dry run)" if dry else ""),
             "prefix_tokens": prefix, "nodes": sizes, "verify_ms": [round(x, 3) for x in verify],
             "budgets": budgets, "draft_ms": {k: {str(b): round(v, 3) for b, v in d.items()}
                                              for k, d in drafting.items()}}
+
+
+def step_compiled(device: str, dry: bool, budget_s: float) -> dict:
+    """Verify forwards under ``torch.compile``: inductor, and on CUDA also "reduce-overhead"
+    (CUDA graphs). Logits must match the eager forward; times are per tree size. The dry
+    run uses the "eager" backend (no code generation), so CI checks the plumbing in
+    seconds. A mode that fails or runs past ``budget_s`` is recorded, not raised."""
+    import torch
+
+    from clover.autotree import time_forward
+
+    dtype = torch.float32 if dry else torch.bfloat16
+    target = random_target(device, dtype, dry)
+    sizes = [1, 4] if dry else [1, 4, 16]
+    prefix = 64 if dry else 256
+    modes = {"eager-backend": {"backend": "eager"}} if dry else {
+        "inductor": {}, "reduce-overhead (CUDA graphs)": {"mode": "reduce-overhead"}}
+    ids = torch.randint(0, target.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.inference_mode():
+        ref = target.model(input_ids=ids).logits.float()
+    eager = target.model
+    out = {"dtype": str(dtype).replace("torch.", ""), "nodes": sizes,
+           "eager_verify_ms": [round(x, 3) for x in time_forward(target, sizes, prefix_len=prefix, repeats=3)]}
+    t0 = time.perf_counter()
+    for name, kw in modes.items():
+        if time.perf_counter() - t0 > budget_s:
+            out[name] = {"skipped": f"over the {budget_s:.0f} s budget"}
+            continue
+        try:
+            target.model = torch.compile(eager, dynamic=False, **kw)
+            with torch.inference_mode():
+                diff = (target.model(input_ids=ids).logits.float() - ref).abs().max().item()
+            ms = time_forward(target, sizes, prefix_len=prefix, repeats=3)
+            out[name] = {"verify_ms": [round(x, 3) for x in ms], "max_abs_logit_diff": round(diff, 4),
+                         "seconds": round(time.perf_counter() - t0, 1)}
+        except Exception as e:  # recorded: a mode that does not compile is a finding
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            target.model = eager
+            torch._dynamo.reset()
+    return out
 
 
 def interpolate(xs, ys, x):
@@ -235,7 +280,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for name, fn in (("correctness", lambda: step_correctness(device, args.dry_run, out)),
                      ("half_precision", lambda: step_half_precision(device)),
-                     ("costs", lambda: step_costs(device, args.dry_run))):
+                     ("costs", lambda: step_costs(device, args.dry_run)),
+                     ("compiled", lambda: step_compiled(device, args.dry_run,
+                                                        max(0.0, 400 - (time.perf_counter() - t0))))):
         print(f"gpu_check: {name} ...", flush=True)
         try:
             results[name] = fn()

@@ -25,3 +25,7 @@ def test_gpu_check_dry_run_writes_its_results(tmp_path):
     for kind in ("medusa", "clover"):
         assert pred[kind]["auto_tree"] == "off" or pred[kind]["auto_tree"] in pred[kind]["per_budget"]
         assert all(r["tokens_per_s"] > 0 for r in pred[kind]["per_budget"].values())
+    compiled = res["compiled"]  # torch.compile plumbing (the "eager" backend on the CPU)
+    assert "error" not in compiled["eager-backend"], compiled
+    assert compiled["eager-backend"]["max_abs_logit_diff"] < 1e-4
+    assert len(compiled["eager-backend"]["verify_ms"]) == len(compiled["nodes"])
