@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+import weakref
 from dataclasses import dataclass, replace
 
 import torch
@@ -144,6 +145,25 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
     return out
 
 
+_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3) -> list[float]:
+    """This machine's verify cost curve: ms of one target forward over 1, 2, ..., ``n``
+    tokens on top of ``prefix_len`` cached ones (:func:`time_forward`), made
+    non-decreasing (timing noise aside, more tokens never cost less). Measured once per
+    target and size, then cached in memory.
+
+    Returns:
+        a list of ``n`` times in ms.
+    """
+    cached = _COSTS.setdefault(target, {})
+    if n not in cached:
+        ms = time_forward(target, list(range(1, n + 1)), prefix_len=prefix_len, repeats=repeats)
+        cached[n] = [max(ms[: i + 1]) for i in range(n)]
+    return list(cached[n])
+
+
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 5,
               prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
@@ -184,13 +204,14 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             out = target.forward(torch.tensor([seq], device=target.device),
                                  torch.arange(len(seq), device=target.device)[None], None, None)
             drafter = heads.drafter(target, big)
-            drafter.observe(out.hidden_pre[: len(ids) - 1], out.hidden_post[: len(ids) - 1])
+            drafter.observe(out.hidden_pre[: len(ids) - 1], out.hidden_post[: len(ids) - 1],
+                            seq[: len(ids) - 1])
             for pos in range(len(ids) - 1, len(seq) - 1):  # root = seq[pos]
                 tree = drafter.draft(seq[pos], depth)
                 truth = seq[pos + 1: pos + 1 + depth]
                 for b in budgets:
                     lengths[b].append(_accepted_length(tree, _budget_subtree(tree, b), truth))
-                drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1])
+                drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1], seq[pos: pos + 1])
     if not lengths[budgets[0]]:
         log.warning("auto tree: no calibration prompt fits the model's context of %d; "
                     "keeping the default tree", target.max_context)
@@ -206,7 +227,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         out = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], None, cache,
                              last_only=True)
         drafter = heads.drafter(target, big)
-        drafter.observe(out.hidden_pre, out.hidden_post)
+        drafter.observe(out.hidden_pre, out.hidden_post, ids[0].tolist())
 
         def verify(tree: Tree):
             return _verify_once(target, cache, prefix_len, tree)

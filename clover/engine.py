@@ -27,6 +27,7 @@ import torch
 from clover.acceptance import SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_cache, new_cache
 from clover.heads import DraftHeads, PlainDrafter
+from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import Tree, TreeConfig, position_ids, tree_mask
@@ -43,12 +44,17 @@ class Engine:
             With ``tree.auto`` the budget is tuned here, once, by timing this hardware
             (``clover.autotree.auto_tree``; seconds on a CPU; it may choose "off"); the
             measurements are kept in ``autotree_report``.
+        lookup: prompt lookup drafting (``clover.lookup``): alone (no heads) it is the
+            method "lookup"; with heads it adds a lookup branch to their tree within the
+            same node budget ("medusa+lookup", "clover+lookup"). With ``tree.auto`` and a
+            config without ``costs``, its chain length adapts to this machine's verify
+            cost curve (``clover.autotree.verify_costs``, measured once per target).
     Raises:
         ValueError: when the heads do not fit the target.
     """
 
     def __init__(self, target: TargetModel, heads: DraftHeads | None = None,
-                 tree: TreeConfig | None = None):
+                 tree: TreeConfig | None = None, lookup: LookupConfig | None = None):
         from clover.heads import check_fits
 
         if heads is not None:
@@ -56,12 +62,32 @@ class Engine:
         self.target = target
         self.heads = heads
         self.tree = tree or TreeConfig()
-        self.method = "ar" if heads is None else heads.config.kind
+        self.method = method_name(heads, lookup)
         self.autotree_report = None
-        if self.tree.auto and heads is not None:
+        auto = self.tree.auto
+        if auto and heads is not None:
             from clover.autotree import auto_tree
 
             self.tree, self.autotree_report = auto_tree(target, heads, replace(self.tree, auto=False))
+        elif auto:
+            self.tree = replace(self.tree, auto=False)
+        if lookup is not None and auto and not lookup.costs:
+            from clover.autotree import verify_costs
+
+            lookup = replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+        self.lookup = lookup
+
+    def drafter(self):
+        """A fresh per-run drafter for this engine's method (see ``clover.heads.base.Drafter``)."""
+        heads = (self.heads.drafter(self.target, self.tree)
+                 if self.heads is not None and not self.tree.off else None)
+        if self.lookup is None:
+            return heads or PlainDrafter()
+        lookup = LookupDrafter(self.lookup)
+        if heads is None:
+            return lookup
+        budget = len(self.tree.paths) if self.tree.kind == "static" else self.tree.budget
+        return HybridDrafter(heads, lookup, budget)
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
                sampling: SamplingConfig | None = None,
@@ -145,8 +171,7 @@ class DecodeRun:
             generator.manual_seed(sampling.seed)
         else:
             generator.seed()
-        drafter = (PlainDrafter() if eng.heads is None or eng.tree.off
-                   else eng.heads.drafter(target, eng.tree))
+        drafter = eng.drafter()
         cache = new_cache(target.config)
         new: list[int] = []
         detok = TextStream(target.tokenizer)
@@ -161,7 +186,7 @@ class DecodeRun:
                 ids = torch.tensor([self.prompt[:-1]], device=device)
                 pos = torch.arange(ids.shape[1], device=device).unsqueeze(0)
                 out = target.forward(ids, pos, None, cache, last_only=True)
-                drafter.observe(out.hidden_pre, out.hidden_post)
+                drafter.observe(out.hidden_pre, out.hidden_post, self.prompt[:-1])
             self._sync()
         prefill_ms = (time.perf_counter() - t0) * 1e3
         root = self.prompt[-1]
@@ -190,7 +215,8 @@ class DecodeRun:
                 self._sync()
                 t_update = time.perf_counter()
                 if not finished:
-                    drafter.observe(out.hidden_pre[acc.path], out.hidden_post[acc.path])
+                    drafter.observe(out.hidden_pre[acc.path], out.hidden_post[acc.path],
+                                    tree.tokens[acc.path].tolist())
                     self._sync()
                     root = acc.bonus_token
                 t_end = time.perf_counter()
@@ -246,5 +272,14 @@ class DecodeRun:
             probs = logits_to_probs(logits[parents], self.sampling)  # (N-1, V)
             target_p += probs.gather(-1, tree.tokens[1:, None].to(logits.device))[:, 0].tolist()
         texts = tok.batch_decode([[i] for i in ids])
+        sources = tree.sources or ["root"] + ["head"] * (len(tree) - 1)
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
-                         float(tree.draft_probs[i]), float(target_p[i])) for i in range(len(tree))]
+                         float(tree.draft_probs[i]), float(target_p[i]), sources[i])
+                for i in range(len(tree))]
+
+
+def method_name(heads: DraftHeads | None, lookup: LookupConfig | None) -> str:
+    """"ar", "medusa", "clover", "lookup", "medusa+lookup" or "clover+lookup"."""
+    if heads is None:
+        return "lookup" if lookup is not None else "ar"
+    return heads.config.kind + ("+lookup" if lookup is not None else "")

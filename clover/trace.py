@@ -28,6 +28,8 @@ class TreeNode:
         target_prob: the target's probability of this token given the prefix and the
             parent path (conditional, after temperature / top-k / top-p; greedy uses
             temperature 1).
+        source: who proposed it: "root", "head" (the draft heads), "lookup" (prompt
+            lookup) or "both".
     """
 
     id: int
@@ -37,6 +39,7 @@ class TreeNode:
     depth: int
     draft_prob: float
     target_prob: float
+    source: str = "head"
 
 
 @dataclass

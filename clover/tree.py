@@ -213,12 +213,16 @@ class Tree:
         parents: length N, parent node id, -1 for the root.
         depths: length N, 0 for the root.
         draft_probs: length N, conditional draft probability (1.0 for the root).
+        sources: length N, who proposed each node: "root", "head" (the draft heads),
+            "lookup" (prompt lookup, ``clover.lookup``) or "both"; None = the root and
+            head nodes only.
     """
 
     tokens: torch.Tensor
     parents: list[int]
     depths: list[int]
     draft_probs: list[float]
+    sources: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.parents)

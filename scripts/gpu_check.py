@@ -156,7 +156,7 @@ def step_costs(device: str, dry: bool) -> dict:
         for b in budgets:
             drafter = heads.drafter(target, TreeConfig(budget=b, topk=max(3, min(8, b))))
             with torch.inference_mode():
-                drafter.observe(out.hidden_pre, out.hidden_post)
+                drafter.observe(out.hidden_pre, out.hidden_post, ids[0].tolist())
                 per[b] = timed(lambda: drafter.draft(int(ids[0, -1]), 3), device, repeats)
         drafting[kind] = per
     return {"dtype": str(dtype).replace("torch.", ""),

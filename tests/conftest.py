@@ -93,7 +93,7 @@ class ScriptedDrafter:
     def __init__(self, tree_fn):
         self.tree_fn, self.position = tree_fn, -1
 
-    def observe(self, hidden_pre, hidden_post):
+    def observe(self, hidden_pre, hidden_post, tokens=()):
         self.position += hidden_pre.shape[0]
 
     def draft(self, root_token, max_depth):

@@ -3,9 +3,9 @@
 A *method* is a set of draft heads (an ``nn.Module``) that, for one generation run,
 hands out a :class:`Drafter`: a small stateful object with two calls,
 
-* ``observe(hidden_pre, hidden_post)`` - the target's verified hidden states for the
-  positions just committed to the KV cache (the prompt after prefill, then the
-  accepted path after every step);
+* ``observe(hidden_pre, hidden_post, tokens)`` - the target's verified hidden states
+  and the token ids of the positions just committed to the KV cache (the prompt after
+  prefill, then the accepted path after every step);
 * ``draft(root_token, max_depth)`` - the candidate tree for the next step.
 
 The engine owns everything else (verification, acceptance, KV cache), so every method is
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -142,8 +142,11 @@ class ResBlock(nn.Module):
 class Drafter(Protocol):
     """Per-run drafting state; see the module docstring."""
 
-    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
-        """Take the target's verified hidden states, each (T, D), for new positions."""
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
+                tokens: Sequence[int]) -> None:
+        """Take the target's verified hidden states, each (T, D), and the T token ids at
+        those new positions (the prompt but its last token, then each step's root and
+        accepted drafts)."""
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         """The candidate tree rooted at ``root_token``, at most ``max_depth`` deep."""
@@ -152,7 +155,8 @@ class Drafter(Protocol):
 class PlainDrafter:
     """Plain autoregressive decoding: always the empty tree (root only)."""
 
-    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
+                tokens: Sequence[int]) -> None:
         pass
 
     def draft(self, root_token: int, max_depth: int) -> Tree:

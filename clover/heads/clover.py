@@ -159,7 +159,7 @@ class CloverDrafter:
         self.length = 0
         self.h0: torch.Tensor | None = None  # (D,)
 
-    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor, tokens=()) -> None:
         out = self.heads.augment_hidden(hidden_pre.unsqueeze(0), self.cache, self.length)
         self.length += hidden_pre.shape[0]
         self.h0 = out[0, -1]

@@ -65,7 +65,7 @@ class MedusaDrafter:
         self.heads, self.target, self.tree = heads, target, tree
         self.last_hidden: torch.Tensor | None = None  # (D,)
 
-    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor) -> None:
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor, tokens=()) -> None:
         self.last_hidden = hidden_post[-1]
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
