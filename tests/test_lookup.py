@@ -1,0 +1,181 @@
+"""Prompt lookup drafting (issue 16): match finding, the lookup branch in a head tree,
+exact greedy output, and lossless sampling with lookup branches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
+from clover.lookup import (LookupConfig, LookupDrafter, NgramIndex, best_length, find_continuation,
+                           merge_branch)
+from clover.tree import Tree, ancestor_matrix
+from conftest import perturb, tiny_target, tree_from_levels
+from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
+
+
+def test_longest_tail_first():
+    # "1 2 3" occurred at the start; "2 3" also later, followed by 8
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 8, 1, 2, 3]
+    assert find_continuation(seq, max_ngram=3, length=3) == ([4, 5, 9], 3)
+    assert find_continuation(seq, max_ngram=2, length=3) == ([8, 1, 2], 2)  # latest "2 3"
+    assert find_continuation(seq, max_ngram=2, length=3, prefer="earliest") == ([4, 5, 9], 2)
+
+
+def test_no_match_and_min_ngram():
+    assert find_continuation([1, 2, 3, 4]) == ([], 0)
+    assert find_continuation([7, 1, 2, 7], min_ngram=2) == ([], 0)  # only a 1-gram matches
+    assert find_continuation([7, 1, 2, 7], min_ngram=1) == ([1, 2, 7], 1)
+    assert find_continuation([5]) == ([], 0)
+
+
+def test_continuation_stops_at_the_text_end():
+    # the only earlier "4" is the one just before the root: the continuation is the root
+    assert find_continuation([1, 4, 4], length=5) == ([4], 1)
+
+
+def test_incremental_index_equals_one_shot():
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, 6, (200,), generator=g).tolist()
+    index = NgramIndex(1, 3)
+    for i in range(1, len(seq)):
+        index.extend([seq[i - 1]])
+        for prefer in ("latest", "earliest"):
+            assert index.find(seq[i], 4, prefer) == find_continuation(seq[: i + 1], 3, 1, 4, prefer)
+
+
+def test_best_length_follows_costs_and_rate():
+    cpu = [33.0, 34.0, 37.0, 40.0, 45.0, 61.0]  # ms for 1..6 tokens on a 2-core CPU
+    assert best_length(cpu, 0.9, 5) == 4  # reliable matches: long chains, short of the 61 ms jump
+    assert best_length(cpu, 0.5, 5) == 2
+    assert best_length([33.0, 60.0, 90.0], 0.3, 2) == 0  # nothing pays: draft nothing
+    assert best_length([], 0.1, 7) == 7  # no costs: the cap
+    flat = [5.0] * 11  # a GPU-like flat curve
+    assert best_length(flat, 0.2, 10) == 10
+
+
+def test_drafter_learns_its_acceptance_rate():
+    d = LookupDrafter(LookupConfig(max_tokens=3))
+    d.observe(None, None, [1, 2, 3, 4, 1, 2])  # prompt but its last token
+    tree = d.draft(3, 10)  # "2 3" occurred: propose 4 1 2
+    assert tree.tokens.tolist() == [3, 4, 1, 2] and tree.sources == ["root", "lookup", "lookup", "lookup"]
+    assert tree.parents == [-1, 0, 1, 2] and tree.depths == [0, 1, 2, 3]
+    before = d.rate(3)  # the tail "1 2 3" matched: n = 3
+    d.observe(None, None, [3, 4, 1])  # root + two accepted drafts, the third rejected
+    assert d.stats[3] == [1.0 + 2, 2.0 + 3] and d.rate(3) > before
+    assert d.draft(9, 10).tokens.tolist() == [9]  # 9 never occurred: nothing drafted
+    assert d.draft(4, 0).tokens.tolist() == [4]  # no room left: nothing drafted
+
+
+def _head_tree():
+    # root 7 -> a(5) -> c(6); root -> b(8)
+    return tree_from_levels(7, {0: [1, 2], 1: [3]}, {1: 5, 2: 8, 3: 6})
+
+
+def _path_tokens(tree: Tree, i: int) -> tuple:
+    out = []
+    while i > 0:
+        out.append(int(tree.tokens[i]))
+        i = tree.parents[i]
+    return tuple(reversed(out))
+
+
+def test_merge_shares_head_nodes_and_adds_the_rest():
+    head = _head_tree()
+    merged = merge_branch(head, [5, 6, 9, 4], prob=0.9, budget=10)
+    paths = {_path_tokens(merged, i): merged.sources[i] for i in range(1, len(merged))}
+    assert paths == {(5,): "both", (8,): "head", (5, 6): "both", (5, 6, 9): "lookup",
+                     (5, 6, 9, 4): "lookup"}
+    assert all(merged.parents[i] < i for i in range(1, len(merged)))  # parents first
+    assert merged.depths == sorted(merged.depths)  # breadth-first
+    assert all(merged.depths[i] == merged.depths[merged.parents[i]] + 1 for i in range(1, len(merged)))
+    # a shared node takes the larger draft probability
+    i = next(i for i in range(1, len(merged)) if _path_tokens(merged, i) == (5,))
+    assert merged.draft_probs[i] == max(0.9, head.draft_probs[1])
+    ancestor_matrix(merged.parents)  # a valid tree
+
+
+def test_merge_keeps_the_budget_by_joint_probability():
+    head = _head_tree()  # 3 drafted nodes
+    merged = merge_branch(head, [8, 1, 2, 3], prob=0.95, budget=3)
+    assert len(merged) - 1 == 3
+    kept = {_path_tokens(merged, i) for i in range(1, len(merged))}
+    # every kept node's parent is kept, and the confident lookup chain displaced head nodes
+    assert all(p[:-1] in kept or len(p) == 1 for p in kept)
+    assert (8, 1) in kept and (8, 1, 2) in kept
+    # a disjoint branch: the chain hangs off the root
+    merged = merge_branch(head, [4], prob=0.5, budget=10)
+    assert (4,) in {_path_tokens(merged, i) for i in range(1, len(merged))}
+    assert merged.sources[[_path_tokens(merged, i) for i in range(len(merged))].index((4,))] == "lookup"
+
+
+REPETITIVE = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_lookup_and_hybrids_equal_plain_greedy(arch):
+    target = tiny_target(arch)
+    plain = Engine(target).generate(REPETITIVE, 40)
+    lookup = Engine(target, lookup=LookupConfig(max_tokens=4))
+    assert lookup.method == "lookup"
+    out = lookup.generate(REPETITIVE, 40)
+    assert out.token_ids == plain.token_ids
+    drafted = [n for s in out.steps for n in s.nodes if n.source == "lookup"]
+    assert drafted  # the lookup really drafted
+    for kind in ("medusa", "clover"):
+        heads = perturb(new_heads(kind, target), 0.1)
+        for spec in ("dynamic:budget=6,topk=3", "small"):
+            eng = Engine(target, heads, parse_tree_spec(spec), lookup=LookupConfig(max_tokens=4))
+            assert eng.method == f"{kind}+lookup"
+            res = eng.generate(REPETITIVE, 40)
+            assert res.token_ids == plain.token_ids, (kind, spec)
+            budget = 6 if spec.startswith("dynamic") else 7
+            assert all(len(s.nodes) - 1 <= budget for s in res.steps)
+            assert {n.source for s in res.steps for n in s.nodes} >= {"root", "head"}
+
+
+def test_lookup_accepts_copied_text():
+    """A model that repeats its prompt's cycle: lookup drafts it and the target accepts."""
+    target = tiny_target("llama")
+    out = Engine(target, lookup=LookupConfig(max_tokens=4)).generate(REPETITIVE, 30)
+    plain = Engine(target).generate(REPETITIVE, 30)
+    assert out.token_ids == plain.token_ids
+    # the tiny random model falls into a loop; once it does, lookup predicts it
+    assert max(s.accepted_length for s in out.steps) >= 2
+    assert len(out.steps) < len(plain.steps)
+
+
+def test_engine_sizes_lookup_with_the_cost_curve(monkeypatch):
+    import clover.autotree as at
+
+    target = tiny_target("llama")
+    monkeypatch.setattr(at, "time_forward", lambda t, sizes, **kw: [10.0 + 50.0 * (n - 1) for n in sizes])
+    eng = Engine(target, tree=parse_tree_spec("auto"), lookup=LookupConfig(max_tokens=4))
+    assert eng.lookup.costs == (10.0, 60.0, 110.0, 160.0, 210.0)
+    # every extra token costs 5x a plain step: lookup never drafts, the output is plain
+    out = eng.generate(REPETITIVE, 20)
+    assert all(len(s.nodes) == 1 for s in out.steps)
+    assert out.token_ids == Engine(target).generate(REPETITIVE, 20).token_ids
+    with pytest.raises(ValueError, match="prefer"):
+        LookupConfig(prefer="random")
+    with pytest.raises(ValueError, match="n-gram"):
+        LookupConfig(min_ngram=3, max_ngram=2)
+
+
+def test_sampling_with_lookup_branches_matches_target_distribution():
+    """Lookup nodes are deterministic proposals: with them in the tree, alone or beside
+    head nodes, the first two sampled tokens keep the target's exact joint distribution
+    (the head-only version of this test also runs top-k / top-p)."""
+    cfg = SamplingConfig(temperature=1.0)
+    target = tiny_target("llama", vocab_size=V, seed=3)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.25)
+    prompt = [3, 1, 4, 1, 5, 1, 4]  # "1 4" occurred: lookup proposes 1 5
+    probs = exact_two_token_joint(target, prompt, cfg)
+    lookup = Engine(target, lookup=LookupConfig(max_tokens=2))
+    hybrid = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=4,topk=2"),
+                    lookup=LookupConfig(max_tokens=2))
+    for engine in (lookup, hybrid):
+        first = engine.generate(prompt, 2, SamplingConfig(**{**cfg.__dict__, "seed": 0}))
+        assert any(n.source in ("lookup", "both") for n in first.steps[0].nodes)
+        counts = draw_pairs(engine, prompt, cfg, 2500)
+        assert pooled_pvalue(counts, probs) > 1e-3, engine.method
