@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from app.metrics import (ACCEPTED, BONUS, CUT, METHOD_NAMES, REJECTED, ROOT, RunStats,
                          acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
                          tokens_at, token_origins)
+from clover.methods import METHOD_COLORS
 from clover.trace import StepTrace
 
 # Okabe-Ito colours, each paired with a marker shape.
@@ -30,9 +31,14 @@ STATUS_STYLE = {
 STOP_WORDS = {"eos": "end of sequence", "stop_string": "a stop string",
               "length": "the token limit"}
 METHOD_STYLE = {  # colour, bar pattern, line dash, marker
-    "ar": dict(color="#999999", pattern="", dash="dot", symbol="circle"),
-    "medusa": dict(color="#E69F00", pattern="/", dash="dash", symbol="diamond"),
-    "clover": dict(color="#0072B2", pattern="", dash="solid", symbol="star"),
+    "ar": dict(color=METHOD_COLORS["ar"], pattern="", dash="dot", symbol="circle"),
+    "lookup": dict(color=METHOD_COLORS["lookup"], pattern="x", dash="dashdot", symbol="triangle-up"),
+    "medusa": dict(color=METHOD_COLORS["medusa"], pattern="/", dash="dash", symbol="diamond"),
+    "clover": dict(color=METHOD_COLORS["clover"], pattern="", dash="solid", symbol="star"),
+    "medusa+lookup": dict(color=METHOD_COLORS["medusa+lookup"], pattern="\\", dash="longdash",
+                          symbol="diamond-open"),
+    "clover+lookup": dict(color=METHOD_COLORS["clover+lookup"], pattern=".", dash="longdashdot",
+                          symbol="star-open"),
 }
 # Generated-text marks: accepted drafts in greens (darker = deeper), target tokens blue.
 DEPTH_BG = {1: "#CCEDE3", 2: "#8FD6C0", 3: "#45B894", 4: "#00795A"}

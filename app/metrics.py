@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from clover.methods import METHOD_LABELS
 from clover.trace import StepTrace
 
 # Status of a node in a step's candidate tree (plus the bonus token drawn after it).
 # CUT: accepted by verification but after the end of generation, so never committed.
 ROOT, ACCEPTED, BONUS, REJECTED, CUT = "root", "accepted", "bonus", "rejected", "cut"
 
-METHOD_NAMES = {"ar": "Plain", "medusa": "Medusa", "clover": "Clover"}
+METHOD_NAMES = METHOD_LABELS  # display names per method
 
 
 def node_statuses(step: StepTrace) -> list[str]:

@@ -24,6 +24,7 @@ import torch
 from clover.acceptance import SamplingConfig
 from clover.data import interleave_categories, read_prompts
 from clover.engine import Engine
+from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.trace import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,9 @@ class BenchConfig:
     def __post_init__(self):
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError("methods must be a non-empty list without repeats")
-        unknown = set(self.methods) - {"ar", "medusa", "clover"}
+        unknown = set(self.methods) - set(ALL_METHODS)
         if unknown:
-            raise ValueError(f"unknown methods {sorted(unknown)}; use ar, medusa, clover")
+            raise ValueError(f"unknown methods {sorted(unknown)}; use {', '.join(ALL_METHODS)}")
         if self.max_new_tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("max_new_tokens and repeats must be >= 1, warmup >= 0")
 
@@ -81,6 +82,16 @@ class RunRecord:
     text: list[str] = field(default_factory=list)
     matches_plain: bool | None = None
     ttft_ms: float = 0.0  # time to the first new token: prefill + the first step, first turn
+    lookup_share: float | None = None  # accepted drafts that prompt lookup proposed (methods with lookup)
+
+
+def lookup_share(steps) -> float:
+    """Share of committed drafted tokens that prompt lookup proposed (alone or as well
+    as the heads); 0 when nothing drafted was committed."""
+    accepted = [step.nodes[i] for step in steps for i in step.accepted[1:]]
+    if not accepted:
+        return 0.0
+    return sum(1 for n in accepted if n.source in ("lookup", "both")) / len(accepted)
 
 
 def acceptance_per_depth(results: list[GenerationResult], depth: int) -> list[float]:
@@ -167,8 +178,9 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 new = sum(len(x.token_ids) for x in results)
                 wall = sum(x.decode_s for x in results)
                 steps = sum(len(x.steps) for x in results)
-                heads = engines[m].heads
-                depth = heads.config.num_heads if heads is not None else 0
+                heads, lookup = engines[m].heads, engines[m].lookup
+                depth = max(heads.config.num_heads if heads is not None else 0,
+                            lookup.max_tokens if lookup is not None else 0)
                 all_steps = [s for x in results for s in x.steps]
                 rec = RunRecord(
                     question_id=str(p["question_id"]), category=p["category"] or "all", method=m,
@@ -179,6 +191,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                     draft_ms=statistics.fmean(s.draft_ms for s in all_steps),
                     verify_ms=statistics.fmean(s.verify_ms for s in all_steps),
                     text=[x.text for x in results],
+                    lookup_share=lookup_share(all_steps) if lookup is not None else None,
                     ttft_ms=results[0].prefill_ms + (results[0].steps[0].draft_ms
                                                       + results[0].steps[0].verify_ms
                                                       if results[0].steps else 0.0))
@@ -229,6 +242,9 @@ def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
                      "draft_ms": statistics.fmean(x.draft_ms for x in rows),
                      "verify_ms": statistics.fmean(x.verify_ms for x in rows),
                      "runs": len(rows)}
+            shares = [x.lookup_share for x in rows if x.lookup_share is not None]
+            if shares:
+                entry["lookup_share"] = statistics.fmean(shares)
             depth = max(len(x.acceptance_per_depth) for x in rows)
             if depth:
                 entry["acceptance_per_depth"] = [
@@ -266,13 +282,15 @@ def markdown_tables(results: dict) -> str:
                   + "; ".join(results["mismatches"]), ""]
     for cat, methods in results["summary"].items():
         lines += [f"## {cat}", "", "| method | tokens/s | tokens/step | draft ms/step | verify ms/step "
-                  "| speedup vs plain (min-max) | same text as plain |", "|---|---|---|---|---|---|---|"]
+                  "| speedup vs plain (min-max) | same text as plain | drafts from lookup |",
+                  "|---|---|---|---|---|---|---|---|"]
         for m, e in methods.items():
             sp = (f"{e['speedup']:.2f}x ({e['speedup_min']:.2f}-{e['speedup_max']:.2f})"
                   if "speedup" in e else "-")
             same = {True: "yes", False: "NO", None: "-"}[e.get("all_match_plain")]
             lines.append(f"| {m} | {e['tokens_per_second']:.1f} | {e['mean_accepted_length']:.2f} | "
-                         f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {same} |")
+                         f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {same} | "
+                         + (f"{e['lookup_share']:.0%} |" if "lookup_share" in e else "- |"))
         lines.append("")
     return "\n".join(lines)
 
@@ -288,7 +306,7 @@ def write_charts(results: dict, path: Path) -> None:
     fig = make_subplots(rows=3, cols=1, vertical_spacing=0.12, subplot_titles=(
         "Decoding speed per task category", "Speedup over plain decoding (same prompts, same run)",
         "Acceptance rate per draft depth (all prompts)"))
-    colors = {"ar": "#999999", "medusa": "#E69F00", "clover": "#0072B2"}
+    colors = METHOD_COLORS
     for m in methods:
         fig.add_trace(go.Bar(name=m, x=cats, y=[summary[c].get(m, {}).get("tokens_per_second") for c in cats],
                              marker_color=colors.get(m), legendgroup=m), row=1, col=1)

@@ -6,6 +6,9 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
+
+from clover.methods import ALL_METHODS
 
 log = logging.getLogger("clover")
 
@@ -23,8 +26,12 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clover", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="decode one prompt with ar, medusa or clover")
-    g.add_argument("--method", choices=("ar", "medusa", "clover"), default="clover")
+    g = sub.add_parser("generate", help="decode one prompt with one method")
+    g.add_argument("--method", choices=ALL_METHODS, default="clover",
+                   help="ar (plain), lookup (prompt lookup, no training), medusa, clover, or a "
+                        "head method with a lookup branch (medusa+lookup, clover+lookup)")
+    g.add_argument("--lookup", action="store_true",
+                   help="add a prompt lookup branch to the heads' tree (same as METHOD+lookup)")
     g.add_argument("--prompt", required=True, help="the user message (chat template applied)")
     g.add_argument("--model", default=None,
                    help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
@@ -121,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default=None)
 
     b = sub.add_parser("bench", help="measure plain, Medusa and Clover side by side")
-    b.add_argument("--methods", default="ar,medusa,clover")
+    b.add_argument("--methods", default="ar,medusa,clover",
+                   help=f"comma-separated, from {','.join(ALL_METHODS)}")
+    b.add_argument("--lookup", action="store_true",
+                   help="also run each listed head method with a prompt lookup branch")
     b.add_argument("--model", default=None, help="target (default: embedded model)")
     b.add_argument("--medusa-heads", default=None, help="default: shipped or fresh heads")
     b.add_argument("--clover-heads", default=None, help="default: shipped or fresh heads")
@@ -154,8 +164,22 @@ def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
     return heads_for(method, target, heads_dir, num_heads)[0]
 
 
+def with_lookup(method: str, lookup: bool) -> str:
+    """``--method clover --lookup`` -> "clover+lookup" (a no-op without ``lookup``).
+
+    Raises:
+        ValueError: ``--lookup`` with a method that has no heads to add a branch to.
+    """
+    if not lookup or method.endswith("lookup"):
+        return method
+    if method == "ar":
+        raise ValueError("--lookup adds a branch to Medusa's or Clover's tree; for lookup "
+                         "alone use --method lookup")
+    return f"{method}+lookup"
+
+
 def cmd_generate(args) -> int:
-    from clover import Engine, SamplingConfig, encode_prompt, load_target, parse_tree_spec
+    from clover import SamplingConfig, encode_prompt, engine_for, load_target, parse_tree_spec
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -164,9 +188,10 @@ def cmd_generate(args) -> int:
                               acceptance=args.acceptance, seed=args.seed)
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
-    heads = load_method(args.method, target, args.heads, args.num_heads)
+    method = with_lookup(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
-    engine = Engine(target, heads, tree)
+    engine = engine_for(method, target, tree, args.heads, args.num_heads)
+    heads = engine.heads
     result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
     summary = result.summary()
     summary["lossless"] = sampling.lossless
@@ -176,7 +201,7 @@ def cmd_generate(args) -> int:
         print(json.dumps(summary))
     else:
         print(result.text)
-        print(f"\n[{args.method}] {summary['new_tokens']} tokens in {summary['steps']} steps, "
+        print(f"\n[{method}] {summary['new_tokens']} tokens in {summary['steps']} steps, "
               f"{summary['mean_accepted_length']:.2f} tokens/step, "
               f"{summary['tokens_per_second']:.1f} tokens/s"
               + ("" if sampling.lossless else " (typical acceptance: LOSSY)")
@@ -282,10 +307,15 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from clover import Engine, load_target, parse_tree_spec
+    from clover import engine_for, load_target, parse_tree_spec
     from clover.bench import BenchConfig, run_bench
+    from clover.engine import split_method
 
-    cfg = BenchConfig(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.lookup:
+        methods += [f"{m}+lookup" for m in methods if m in ("medusa", "clover")
+                    and f"{m}+lookup" not in methods]
+    cfg = BenchConfig(methods=tuple(methods),
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       repeats=args.repeats, max_prompts=args.max_prompts, seed=args.seed)
     if cfg.temperature < 0:
@@ -294,14 +324,17 @@ def cmd_bench(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
-    engines = {m: Engine(target, load_method(m, target, heads_dirs.get(m)), tree) for m in cfg.methods}
+    engines = {m: engine_for(m, target, tree, heads_dirs.get(split_method(m)[0])) for m in cfg.methods}
     results = run_bench(target, engines, args.prompts, args.out, cfg,
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
                                                     if e.heads is not None and e.tree.kind == "dynamic"},
                                     "tree_chosen": {m: e.tree.describe() for m, e in engines.items()
                                                     if e.heads is not None},
-                                    "heads": {m: heads_dirs.get(m) or "default" for m in cfg.methods if m != "ar"}})
+                                    "lookup": {m: asdict(e.lookup) for m, e in engines.items()
+                                               if e.lookup is not None},
+                                    "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
+                                              for m in cfg.methods if split_method(m)[0]}})
     print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
     if results["mismatches"]:
         print("clover bench: error: greedy output differs from plain decoding: "

@@ -28,6 +28,7 @@ from clover.acceptance import SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_cache, new_cache
 from clover.heads import DraftHeads, PlainDrafter
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
+from clover.methods import ALL_METHODS, split_method  # noqa: F401  (re-exported)
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import Tree, TreeConfig, position_ids, tree_mask
@@ -276,6 +277,26 @@ class DecodeRun:
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
                          float(tree.draft_probs[i]), float(target_p[i]), sources[i])
                 for i in range(len(tree))]
+
+
+def engine_for(method: str, target: TargetModel, tree: TreeConfig | None = None,
+               heads_dir: str | None = None, num_heads: int = 3,
+               lookup: LookupConfig | None = None) -> Engine:
+    """The engine of a method by name, with the heads :func:`clover.heads.heads_for` picks
+    (``heads_dir``, else the shipped heads for this target, else fresh ones).
+
+    Args:
+        method: one of :data:`ALL_METHODS`.
+        tree: for the head methods (default TreeConfig()); "auto" is resolved here.
+        lookup: the lookup settings when the method uses lookup (default LookupConfig()).
+    Raises:
+        ValueError: unknown method, heads that do not fit.
+    """
+    from clover.heads import heads_for
+
+    kind, uses_lookup = split_method(method)
+    heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
+    return Engine(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None)
 
 
 def method_name(heads: DraftHeads | None, lookup: LookupConfig | None) -> str:

@@ -126,3 +126,21 @@ def test_exactness_is_checked_whatever_the_order_and_a_mismatch_fails(tiny_dir, 
     res = json.loads((out / "results.json").read_text())
     assert rc == 1 and "differs from plain decoding" in err and "clover on 1" in err
     assert len(res["mismatches"]) == 3 and "Greedy output differs" in (out / "results.md").read_text()
+
+
+def test_bench_lists_lookup_and_hybrids(tiny_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+               "--methods", "ar,lookup,clover", "--lookup", "--tree", "small", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["config"]["methods"] == ["ar", "lookup", "clover", "clover+lookup"]
+    assert set(res["meta"]["lookup"]) == {"lookup", "clover+lookup"}
+    for r in res["runs"]:
+        assert (r["lookup_share"] is None) == (r["method"] in ("ar", "clover"))
+        if r["method"] != "ar":
+            assert r["matches_plain"] is True
+    assert res["summary"]["all"]["clover+lookup"]["all_match_plain"] is True
+    assert "| lookup |" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchConfig(methods=("ar", "eagle"))

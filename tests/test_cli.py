@@ -58,3 +58,18 @@ def test_tree_off_decodes_plainly_and_says_so(tiny_dir, capsys):
                "--max-new-tokens", "6", "--raw", "--json", "--tree", "off"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["steps"] == 6 and out["tree"].startswith("speculation off")
+
+
+def test_generate_with_lookup_methods(tiny_dir, capsys):
+    """--method lookup and --lookup (a lookup branch in the heads' tree) decode exactly."""
+    prompt = ["--model", str(tiny_dir), "--prompt", "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
+              "--max-new-tokens", "12", "--raw", "--json", "--tree", "dynamic:budget=4"]
+    assert main(["generate", "--method", "ar"] + prompt) == 0
+    plain = json.loads(capsys.readouterr().out)["token_ids"]
+    for argv, method in ((["--method", "lookup"], "lookup"), (["--method", "clover", "--lookup"], "clover+lookup"),
+                         (["--method", "medusa+lookup"], "medusa+lookup")):
+        assert main(["generate"] + argv + prompt) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["method"] == method and out["token_ids"] == plain
+    rc = main(["generate", "--method", "ar", "--lookup"] + prompt)
+    assert rc == 2 and "--method lookup" in capsys.readouterr().err

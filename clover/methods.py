@@ -1,0 +1,25 @@
+"""The decoding methods by name (no torch import: the CLI's parser reads this)."""
+from __future__ import annotations
+
+# every decoding method, in display order; "+lookup" adds a prompt lookup branch to a
+# head method's tree (clover.lookup)
+ALL_METHODS = ("ar", "lookup", "medusa", "clover", "medusa+lookup", "clover+lookup")
+METHOD_LABELS = {"ar": "Plain", "lookup": "Lookup", "medusa": "Medusa", "clover": "Clover",
+                 "medusa+lookup": "Medusa + lookup", "clover+lookup": "Clover + lookup"}
+# Okabe-Ito colours (colour-blind safe), one per method, for every chart
+METHOD_COLORS = {"ar": "#999999", "lookup": "#009E73", "medusa": "#E69F00", "clover": "#0072B2",
+                 "medusa+lookup": "#D55E00", "clover+lookup": "#56B4E9"}
+
+
+def split_method(method: str) -> tuple[str | None, bool]:
+    """``"clover+lookup"`` -> ``("clover", True)``; ``"ar"`` -> ``(None, False)``.
+
+    Raises:
+        ValueError: for a name not in :data:`ALL_METHODS`.
+    """
+    if method not in ALL_METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(ALL_METHODS)}")
+    heads, _, extra = method.partition("+")
+    if heads == "lookup":
+        return None, True
+    return (None if heads == "ar" else heads), extra == "lookup"
