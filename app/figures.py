@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from app.metrics import (ACCEPTED, BONUS, CUT, METHOD_NAMES, REJECTED, ROOT, RunStats,
                          acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
                          tokens_at, token_origins)
-from clover.methods import METHOD_COLORS
+from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.trace import StepTrace
 
 # Okabe-Ito colours, each paired with a marker shape.
@@ -28,6 +28,10 @@ STATUS_STYLE = {
     CUT: dict(label="accepted after the end (not committed)", color="#B0B0B0",
               symbol="circle-open", size=17),
 }
+# Nodes proposed by prompt lookup (alone or as well as the heads) get a ring of this colour.
+LOOKUP_RING = dict(label="proposed by prompt lookup", color="#CC79A7")
+SOURCE_WORDS = {"head": ", drafted by the heads", "lookup": ", proposed by prompt lookup",
+                "both": ", drafted by the heads and proposed by prompt lookup"}
 STOP_WORDS = {"eos": "end of sequence", "stop_string": "a stop string",
               "length": "the token limit"}
 METHOD_STYLE = {  # colour, bar pattern, line dash, marker
@@ -93,6 +97,7 @@ class PlacedNode:
         status: root, accepted, cut, bonus or rejected.
         draft_prob / target_prob: None for the bonus token (it was not drafted).
         x: the depth. y: the row, 0 at the top.
+        source: who proposed it ("root", "head", "lookup", "both"; "target" for the bonus).
     """
 
     key: int
@@ -105,6 +110,7 @@ class PlacedNode:
     target_prob: float | None
     x: float
     y: float
+    source: str = "head"
 
 
 def tree_layout(step: StepTrace) -> list[PlacedNode]:
@@ -137,11 +143,11 @@ def tree_layout(step: StepTrace) -> list[PlacedNode]:
 
     place(0)
     placed = [PlacedNode(n.id, n.token_id, n.text, n.parent, n.depth, statuses[n.id],
-                         n.draft_prob, n.target_prob, n.depth, rows[n.id]) for n in nodes]
+                         n.draft_prob, n.target_prob, n.depth, rows[n.id], n.source) for n in nodes]
     if step.bonus_committed:
         depth = nodes[last].depth + 1
         placed.append(PlacedNode(bonus, step.bonus_token, step.bonus_text, last, depth, BONUS,
-                                 None, None, depth, rows[bonus]))
+                                 None, None, depth, rows[bonus], "target"))
     return placed
 
 
@@ -154,7 +160,8 @@ def _hover(p: PlacedNode) -> str:
                 f"after the accepted path (position {p.depth})")
     what = {ACCEPTED: "accepted draft", REJECTED: "rejected draft",
             CUT: "accepted, but after the end of generation: not committed"}[p.status]
-    return (f"{head}<br>{what}, depth {p.depth}<br>"
+    by = SOURCE_WORDS.get(p.source, "")
+    return (f"{head}<br>{what}, depth {p.depth}{by}<br>"
             f"draft p = {p.draft_prob:.3f}<br>target p = {p.target_prob:.3f}")
 
 
@@ -216,6 +223,15 @@ def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
             customdata=[[p.key, p.token_id] for p in pts],
         ))
 
+    # the source layer: a ring around every node prompt lookup proposed (always present, so
+    # every step's figure has the same traces)
+    ring = [p for p in placed if p.source in ("lookup", "both")]
+    fig.add_trace(go.Scatter(
+        x=[p.x for p in ring], y=[p.y for p in ring], mode="markers", name=LOOKUP_RING["label"],
+        meta="lookup", showlegend=bool(ring), hoverinfo="skip",
+        marker=dict(symbol="circle-open", size=29, color=LOOKUP_RING["color"],
+                    line=dict(width=3, color=LOOKUP_RING["color"]))))
+
     rows = max(p.y for p in placed) + 1
     depth = max(p.x for p in placed)
     fig.update_layout(
@@ -239,7 +255,7 @@ def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
 def tree_animation(steps: Sequence[StepTrace], max_frames: int = 60) -> go.Figure:
     """The candidate trees of a run as one animated figure: a frame per step (the first
     ``max_frames`` steps), a play button and a step slider. Works in notebooks and
-    exported HTML; every frame has the same eight traces as :func:`tree_figure`.
+    exported HTML; every frame has the same nine traces as :func:`tree_figure`.
 
     Raises:
         ValueError: when ``steps`` is empty.
@@ -365,7 +381,7 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
     """Plain, Medusa and Clover side by side at engine time ``t_ms`` (default: the end),
     replayed from the per-step timings the runs recorded: tokens so far as bars (left),
     tokens over time as curves (right)."""
-    runs = {m: runs[m] for m in ("ar", "medusa", "clover") if runs.get(m)}
+    runs = {m: runs[m] for m in ALL_METHODS if runs.get(m)}
     if not runs:
         return empty_figure("Run a prompt to see the race")
     end = race_end_ms(runs)

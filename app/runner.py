@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 from clover import (Engine, SamplingConfig, TreeConfig, encode_prompt, load_target,
                     parse_tree_spec)
 from clover.engine import validate_request
+from clover.methods import split_method
 from clover.trace import GenerationResult, StepTrace
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ try:  # Hugging Face ZeroGPU: CUDA work must run inside a function decorated by 
 except ImportError:  # everywhere else the plain function runs
     spaces = None
 
-METHODS = ("ar", "medusa", "clover")
+METHODS = ("ar", "lookup", "medusa", "clover")  # the methods to watch; see full_method
 MAX_NEW_TOKENS = 512
 MAX_PROMPT_CHARS = 20_000
 MAX_TEMPERATURE = 5.0
@@ -100,7 +101,10 @@ class Settings:
 
     Attributes:
         prompt: one user message, or chat messages (multi-turn).
-        method: the method streamed step by step: "ar", "medusa" or "clover".
+        method: the method streamed step by step: "ar", "lookup", "medusa", "clover", or a
+            head method with a lookup branch ("medusa+lookup", "clover+lookup").
+        lookup: add a prompt lookup branch to the head methods' trees (the watched run and
+            the compared ones).
         sampling: temperature 0 (greedy) or lossless sampling.
         max_new_tokens: 1..MAX_NEW_TOKENS.
         tree: the candidate tree config (ignored by plain decoding).
@@ -116,6 +120,13 @@ class Settings:
     compare: bool = True
     model: str | None = None
     heads: str | None = None
+    lookup: bool = False
+
+
+def full_method(method: str, lookup: bool) -> str:
+    """A head method with the lookup branch when ``lookup`` ("clover" -> "clover+lookup");
+    plain decoding and lookup alone stay as they are."""
+    return f"{method}+lookup" if lookup and method in ("medusa", "clover") else method
 
 
 MAX_SEED = 2**31 - 1
@@ -142,9 +153,10 @@ def parse_seed(seed) -> int:
 
 
 def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=True,
-                   model=None, heads=None, seed=None) -> Settings:
+                   model=None, heads=None, seed=None, lookup=False) -> Settings:
     """Validate the raw values of the settings widgets (or of an API call). ``seed``:
-    see :func:`parse_seed` (empty = a new random seed for this run).
+    see :func:`parse_seed` (empty = a new random seed for this run). ``lookup``: add a
+    prompt lookup branch to the head methods (see :func:`full_method`).
 
     Raises:
         ValueError: with a message for the visitor.
@@ -171,7 +183,8 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
         raise ValueError(f"max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, "
                          f"got {max_new_tokens:g}")
     return Settings(
-        prompt=parse_chat(str(prompt)), method=method,
+        prompt=parse_chat(str(prompt)), method=full_method(method, bool(lookup)),
+        lookup=bool(lookup),
         sampling=SamplingConfig(temperature=temperature, seed=parse_seed(seed)),
         max_new_tokens=int(n), tree=tree_config(tree), compare=bool(compare),
         model=(str(model).strip() or None) if model else None,
@@ -189,7 +202,7 @@ class LoadedModel:
     Attributes:
         key: registry key (see :func:`get_model`).
         target: the :class:`clover.TargetModel`.
-        heads: per method the heads (None for "ar").
+        heads: per head kind the heads ("medusa", "clover"; "ar": None).
         sources: per speculative method where its heads came from, e.g.
             "trained, shipped with the app", "loaded from DIR", or "untrained".
         label: how the model is named in the UI.
@@ -204,6 +217,22 @@ class LoadedModel:
     calibrating: threading.Event = field(default_factory=threading.Event, repr=False,
                                          compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _lookup: object = field(default=None, repr=False, compare=False)
+
+    def lookup_config(self):
+        """Prompt lookup settings for this model: the chain length adapts to this machine's
+        verify cost curve (measured on first use, a few seconds on a CPU, then kept). On
+        ZeroGPU, which this process cannot time, a fixed chain of 4 tokens."""
+        from clover.autotree import verify_costs
+        from clover.lookup import LookupConfig
+
+        if spaces is not None:
+            return LookupConfig(max_tokens=4)
+        with self._lock:
+            if self._lookup is None:
+                n = LookupConfig().max_tokens + 1
+                self._lookup = LookupConfig(costs=tuple(verify_costs(self.target, n)))
+            return self._lookup
 
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
         """``tree``, or for an ``auto`` tree the dynamic tree whose budget
@@ -426,7 +455,7 @@ def _warm_up(loaded: LoadedModel) -> None:
     background) and decode two tokens with every method once, so the first visitor's
     timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
-    for method in METHODS:
+    for method in ("ar", "medusa", "clover"):
         Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, auto_tree())).generate(ids, 2)
 
 
@@ -445,8 +474,11 @@ def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: i
     Takes the model by key (not the object) so that it can run in a ZeroGPU worker.
     """
     loaded = _MODELS[model_key]
-    run = Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, tree)).stream(
-        prompt_ids, max_new_tokens, sampling)
+    kind, uses_lookup = split_method(method)
+    engine = Engine(loaded.target, loaded.heads.get(kind) if kind else None,
+                    loaded.tree_for(kind, tree) if kind else tree,
+                    loaded.lookup_config() if uses_lookup else None)
+    run = engine.stream(prompt_ids, max_new_tokens, sampling)
     for step in run:
         yield step
     yield run.result
@@ -514,7 +546,7 @@ class RunEvent:
 
     Attributes:
         kind: "start" (a method's run begins), "step" (one decode step) or "done".
-        method: "ar", "medusa" or "clover".
+        method: the run's method (see :data:`clover.methods.ALL_METHODS`).
         live: True for the method the visitor asked to watch.
         step: the step's trace (kind "step").
         result: the run's result (kind "done").
@@ -527,9 +559,13 @@ class RunEvent:
     result: GenerationResult | None = None
 
 
-def run_order(method: str, compare: bool) -> list[str]:
-    """Methods to run, one after another: the others first (baselines), the watched last."""
-    return [m for m in METHODS if m != method] + [method] if compare else [method]
+def run_order(method: str, compare: bool, lookup: bool = False) -> list[str]:
+    """Methods to run, one after another: the others first (baselines), the watched
+    ``method`` last; with ``lookup`` the head methods carry the lookup branch."""
+    if not compare:
+        return [method]
+    family = [full_method(m, lookup) for m in METHODS]
+    return [m for m in family if m != method] + [method]
 
 
 def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
@@ -549,7 +585,7 @@ def run_methods(loaded: LoadedModel, settings: Settings,
 
     Closing this generator stops the current run after its current step.
     """
-    for method in run_order(settings.method, settings.compare):
+    for method in run_order(settings.method, settings.compare, settings.lookup):
         live = method == settings.method
         yield RunEvent("start", method, live)
 

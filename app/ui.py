@@ -19,6 +19,7 @@ import gradio as gr
 
 from app import figures, runner
 from app.metrics import METHOD_NAMES, best_step, run_stats, speedup, token_origins
+from clover.methods import ALL_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
     method = method or state.method
     live = state.runs.get(method, [])[:upto]
     table = []
-    for m in runner.METHODS:
+    for m in ALL_METHODS:
         if state.runs.get(m):
             done = ("done" if m in state.results else "stopped" if state.done or m != state.method
                     else "running")
@@ -151,12 +152,12 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
     if "ar" not in state.runs and method != "ar":
         note += " Turn on *Compare with the other methods* to measure the speedups."
     vs_plain = speedup(live, state.runs.get("ar", []))
-    vs_medusa = speedup(live, state.runs.get("medusa", []))
+    vs_medusa = speedup(live, state.runs.get("medusa+lookup") or state.runs.get("medusa", []))
     return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note)
 
 
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
-    return [(METHOD_NAMES[m], m) for m in runner.METHODS if state.runs.get(m)]
+    return [(METHOD_NAMES[m], m) for m in ALL_METHODS if state.runs.get(m)]
 
 
 def _summary(state: RunState, stopped: bool = False) -> str:
@@ -183,7 +184,7 @@ def _after_run(state: RunState, stopped: bool = False) -> tuple:
     """Status, slider, browse choice, tree, acceptance bars, histogram and race after a
     run. The tree shown is the step with the longest accepted path."""
     live = state.runs.get(state.method, [])
-    browse = state.method if live else next((m for m in runner.METHODS if state.runs.get(m)), None)
+    browse = state.method if live else next((m for m in ALL_METHODS if state.runs.get(m)), None)
     steps = state.runs.get(browse, []) if browse else []
     if not steps:
         return ((_summary(state, stopped),) + (gr.skip(),) * 3
@@ -246,8 +247,14 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                             run_btn = gr.Button("Run", variant="primary", elem_id="run-button")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-button")
                         method = gr.Radio([("Clover", "clover"), ("Medusa", "medusa"),
-                                           ("Plain decoding", "ar")], value="clover",
-                                          label="Method to watch", elem_id="method")
+                                           ("Prompt lookup", "lookup"), ("Plain decoding", "ar")],
+                                          value="clover", label="Method to watch", elem_id="method")
+                        lookup = gr.Checkbox(
+                            value=False, label="Add a prompt lookup branch to the heads' tree",
+                            elem_id="lookup",
+                            info="Medusa and Clover also draft what followed the last words "
+                                 "earlier in the prompt or answer (no training), in the same "
+                                 "tree and node budget; ringed nodes came from lookup.")
                         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
                                                 info="0 = greedy; above 0 = lossless speculative "
                                                      "sampling")
@@ -264,8 +271,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                                  "dynamic:budget=12,topk=4 · small · [[0],[1],[0,0]]")
                         compare = gr.Checkbox(
                             value=True, label="Compare with the other methods",
-                            info="Runs plain decoding and the other head type first, one "
-                                 "after another, for the speedups and the race.")
+                            info="Runs plain decoding, prompt lookup and the other head type "
+                                 "first, one after another, for the speedups and the race.")
                         with gr.Accordion("Model and heads", open=False):
                             model_box = gr.Textbox(
                                 "", label="Model: hub id or local folder",
@@ -341,7 +348,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
 
         def on_run(prompt_text, method_value, temperature_value, max_new_value, tree_value,
                    compare_value, model_value, heads_value, seed_value=None,
-                   visitor: Visitor | None = None):
+                   lookup_value=False, visitor: Visitor | None = None):
             if visitor is not None:
                 visitor.started += 1
                 if visitor.started <= visitor.stopped:  # Stop was pressed while it queued
@@ -350,7 +357,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
             try:
                 settings = runner.parse_settings(prompt_text, method_value, temperature_value,
                                                  max_new_value, tree_value, compare_value,
-                                                 model_value, heads_value, seed_value)
+                                                 model_value, heads_value, seed_value,
+                                                 lookup_value)
             except ValueError as e:
                 yield fail(str(e))
                 return
@@ -372,7 +380,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                       accept=figures.empty_figure("Per-depth acceptance after a run"),
                       hist=figures.empty_figure("Tokens per step after a run"),
                       race=figures.empty_figure("The race appears after the run"))
-            order = runner.run_order(settings.method, settings.compare)
+            order = runner.run_order(settings.method, settings.compare, settings.lookup)
             try:
                 with closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
                     for ev in events:
@@ -462,7 +470,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                     return
                 time.sleep(0.1)
 
-        run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed]
+        run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed,
+                      lookup]
         # a press is counted at once, then the run waits its turn in the queue
         for trigger, api in ((run_btn.click, dict(api_name="run")),
                              (prompt.submit, dict(api_visibility="private"))):

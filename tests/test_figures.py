@@ -307,7 +307,7 @@ def test_tree_animation_has_a_frame_per_step_with_fixed_traces():
     steps = [hand_step(0, 3), plain_step(1, 4), hand_step(2, 7)]
     fig = figures.tree_animation(steps)
     assert [f.name for f in fig.frames] == ["0", "1", "2"]
-    assert all(len(f.data) == len(fig.data) == 8 for f in fig.frames)
+    assert all(len(f.data) == len(fig.data) == 9 for f in fig.frames)
     # frame 1 is plain decoding: no rejected drafts; frame 2 shows the hand tree's rejects
     rejected = [next(t for t in f.data if t.meta == REJECTED) for f in fig.frames]
     assert len(rejected[1].x) == 0 and len(rejected[2].x) == 3
@@ -317,3 +317,18 @@ def test_tree_animation_has_a_frame_per_step_with_fixed_traces():
     assert len(figures.tree_animation(steps, max_frames=2).frames) == 2
     with pytest.raises(ValueError, match="no steps"):
         figures.tree_animation([])
+
+
+def test_tree_figure_rings_the_nodes_prompt_lookup_proposed():
+    step = hand_step()
+    step.nodes[2].source, step.nodes[4].source, step.nodes[1].source = "both", "lookup", "head"
+    fig = figures.tree_figure(step)
+    ring = next(t for t in fig.data if t.meta == "lookup")
+    assert ring.showlegend and ring.name == "proposed by prompt lookup"
+    assert sorted(zip(ring.x, ring.y)) == sorted((p.x, p.y) for p in figures.tree_layout(step)
+                                                 if p.key in (2, 4))
+    hover = " ".join(_traces_by_status(fig)[ACCEPTED].hovertext)
+    assert "proposed by prompt lookup" in hover and "drafted by the heads and proposed" in hover
+    # a heads-only step has the same traces, the ring empty and out of the legend
+    plain = next(t for t in figures.tree_figure(hand_step()).data if t.meta == "lookup")
+    assert len(plain.x) == 0 and not plain.showlegend

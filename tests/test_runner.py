@@ -154,16 +154,26 @@ def test_run_methods_one_after_another():
                                                                   target.vocab_size))
     events = list(runner.run_methods(loaded, settings, prompt))
     starts = [(e.method, e.live) for e in events if e.kind == "start"]
-    assert starts == [("ar", False), ("medusa", False), ("clover", True)]
+    assert starts == [("ar", False), ("lookup", False), ("medusa", False), ("clover", True)]
     # each run finishes before the next starts
     kinds = [(e.kind, e.method) for e in events]
-    assert kinds.index(("done", "ar")) < kinds.index(("start", "medusa"))
+    assert kinds.index(("done", "ar")) < kinds.index(("start", "lookup"))
+    assert kinds.index(("done", "lookup")) < kinds.index(("start", "medusa"))
     assert kinds.index(("done", "medusa")) < kinds.index(("start", "clover"))
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values())
     assert done["clover"].mean_accepted_length > 1.5
     assert [e.method for e in runner.run_methods(loaded, runner.parse_settings(
         "t5", "medusa", 0, 3, "auto", compare=False), prompt) if e.kind == "start"] == ["medusa"]
+    # with the lookup branch, the head methods run as hybrids; lookup alone and plain stay
+    hybrid = runner.parse_settings("t5 t6 t7", "clover", 0, 12, "auto", lookup=True)
+    assert hybrid.method == "clover+lookup"
+    events = list(runner.run_methods(loaded, hybrid, prompt))
+    assert [e.method for e in events if e.kind == "start"] == ["ar", "lookup", "medusa+lookup",
+                                                               "clover+lookup"]
+    done = {e.method: e.result for e in events if e.kind == "done"}
+    assert all(r.token_ids == ref.token_ids for r in done.values())
+    assert runner.parse_settings("t5", "ar", 0, 3, "auto", lookup=True).method == "ar"
     too_long = runner.parse_settings("t5 " * 300, "ar", 0, 8, "auto")
     with pytest.raises(ValueError, match="context"):
         runner.encode(loaded, too_long)
@@ -189,8 +199,8 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
         loaded = runner.register_model("zero", tiny_target("llama"), warm_up=False)
         settings = runner.parse_settings("t5 t6", "clover", 0, 4, "auto")
         events = list(runner.run_methods(loaded, settings, runner.encode(loaded, settings)))
-        assert spaces.calls == [("decode", 120)] * 3, spaces.calls
-        assert sum(e.kind == "done" for e in events) == 3
+        assert spaces.calls == [("decode", 120)] * 4, spaces.calls
+        assert sum(e.kind == "done" for e in events) == 4
         print("ok")
     ''')
     tests_dir = Path(__file__).resolve().parent

@@ -37,24 +37,24 @@ def test_stop_cancels_a_queued_run(handlers):
     visitor = Visitor()
     on_press(visitor)  # Run pressed: the run waits in the queue ...
     on_stop(None, visitor)  # ... and Stop is pressed before it starts
-    outputs = list(on_run(*args, None, visitor))
+    outputs = list(on_run(*args, None, False, visitor))
     assert len(outputs) == 1 and "Stopped** before it started" in outputs[0][0]
     # the next press runs normally and decodes
     on_press(visitor)
-    outputs = list(on_run(*args, None, visitor))
+    outputs = list(on_run(*args, None, False, visitor))
     assert "Done" in outputs[-1][0]
     # two presses queued, one Stop: both are cancelled
     on_press(visitor)
     on_press(visitor)
     on_stop(None, visitor)
-    assert all("before it started" in list(on_run(*args, None, visitor))[0][0] for _ in range(2))
+    assert all("before it started" in list(on_run(*args, None, False, visitor))[0][0] for _ in range(2))
 
 
 def test_each_run_has_its_own_seed_and_a_seed_reproduces(handlers):
     on_run = handlers["on_run"]
 
     def text(seed):
-        outputs = list(on_run("t5 t6 t7", "clover", 1.0, 24, "4", True, "", "", seed, Visitor()))
+        outputs = list(on_run("t5 t6 t7", "clover", 1.0, 24, "4", True, "", "", seed, False, Visitor()))
         assert "Done" in outputs[-1][0]
         return outputs[-1][5], outputs[-1][0]  # the plain text, the status
 
@@ -71,7 +71,7 @@ def test_each_run_has_its_own_seed_and_a_seed_reproduces(handlers):
 
 def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     on_run, on_browse = handlers["on_run"], handlers["on_browse"]
-    outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", False, "", "", 0, Visitor()))
+    outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", False, "", "", 0, False, Visitor()))
     st = outputs[-1][-1]  # the RunState
     steps = st.runs["clover"]
     assert len(steps) >= 3
