@@ -251,3 +251,29 @@ def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
         if page is not None:
             page.close()
         demo.close()
+
+
+COPY_PROMPT = ("Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near "
+               "the quiet river bank.")
+
+
+def test_lookup_branch_rings_its_nodes_and_stays_exact(app_url, embedded, browser, tmp_path):
+    """Clover with the prompt lookup branch on a prompt it must copy: the text equals plain
+    greedy decoding and the tree shown rings the nodes that prompt lookup proposed."""
+    from clover import Engine, encode_prompt
+
+    ref = Engine(embedded).generate(encode_prompt(embedded.tokenizer, COPY_PROMPT), 24)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(app_url)
+    page.wait_for_selector("#prompt textarea")
+    page.get_by_label("Add a prompt lookup branch to the heads' tree").check()
+    start_run(browser, app_url, COPY_PROMPT, 24, page=page)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+                           timeout=240_000)
+    page.wait_for_timeout(800)
+    assert "Clover + lookup" in page.inner_text("#metrics")
+    assert "proposed by prompt lookup" in page.locator("#tree-plot").inner_text()
+    text = page.inner_text("#generated-text").replace("↵", "").replace("<|im_end|>", "")
+    assert text == ref.text
+    shot(page, tmp_path, "app-lookup.png")
+    page.close()
