@@ -30,12 +30,17 @@ from clover.trace import GenerationResult
 log = logging.getLogger(__name__)
 
 
+HF_LOOKUP = "hf-lookup"  # the reference: transformers' own prompt lookup decoding
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Benchmark settings.
 
     Attributes:
-        methods: method names in run order; "ar" (plain) is the speedup baseline.
+        methods: method names in run order (``clover.methods.ALL_METHODS``, or "hf-lookup"
+            for transformers' prompt lookup as a reference); "ar" (plain) is the speedup
+            baseline.
         max_new_tokens: per turn.
         temperature: 0 = greedy (then outputs are also checked against plain).
         repeats: passes over the prompts.
@@ -56,9 +61,12 @@ class BenchConfig:
     def __post_init__(self):
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError("methods must be a non-empty list without repeats")
-        unknown = set(self.methods) - set(ALL_METHODS)
+        unknown = set(self.methods) - set(ALL_METHODS) - {HF_LOOKUP}
         if unknown:
-            raise ValueError(f"unknown methods {sorted(unknown)}; use {', '.join(ALL_METHODS)}")
+            raise ValueError(f"unknown methods {sorted(unknown)}; use {', '.join(ALL_METHODS)} "
+                             f"or {HF_LOOKUP} (transformers' prompt lookup, for reference)")
+        if HF_LOOKUP in self.methods and self.temperature > 0:
+            raise ValueError(f"{HF_LOOKUP} (the transformers reference) runs greedy decoding only")
         if self.max_new_tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("max_new_tokens and repeats must be >= 1, warmup >= 0")
 
@@ -100,6 +108,74 @@ def acceptance_per_depth(results: list[GenerationResult], depth: int) -> list[fl
     if not steps or depth < 1:
         return []
     return [sum(1 for s in steps if len(s.accepted) > d) / len(steps) for d in range(1, depth + 1)]
+
+
+class HFPromptLookup:
+    """transformers' prompt lookup decoding (``generate(prompt_lookup_num_tokens=N)``,
+    greedy) on the same model object, timed like an engine so that the bench reports it
+    beside the ``lookup`` method (issue 16).
+
+    Each target forward is timed by hooks; every forward after the prefill becomes one
+    synthetic step whose committed tokens are read from the cache positions. transformers
+    makes the first new token in its prefill, so that token is counted without its time:
+    tokens/s and tokens/step are optimistic by one token per run (under 1% at 128 tokens).
+    Only greedy decoding is supported.
+    """
+
+    heads = None
+    lookup = None
+    method = HF_LOOKUP
+
+    def __init__(self, target, num_tokens: int = 10, max_ngram: int = 2):
+        self.target, self.num_tokens, self.max_ngram = target, num_tokens, max_ngram
+
+    def generate(self, prompt_ids, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                 stop_strings=()) -> GenerationResult:
+        import time
+
+        from clover.trace import StepTrace, TreeNode
+
+        if sampling is not None and sampling.temperature > 0:
+            raise ValueError("the hf-lookup reference runs greedy decoding only")
+        model, calls = self.target.model, []
+
+        def pre(module, args, kwargs):
+            ids = kwargs.get("input_ids")
+            pos = kwargs.get("cache_position")
+            calls.append([time.perf_counter(), None, int(ids.shape[1]), int(pos[0]) if pos is not None else 0])
+
+        def post(module, args, kwargs, out):
+            calls[-1][1] = time.perf_counter()
+
+        h1 = model.register_forward_pre_hook(pre, with_kwargs=True)
+        h2 = model.register_forward_hook(post, with_kwargs=True)
+        try:
+            ids = torch.tensor([list(prompt_ids)], device=self.target.device)
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
+                                     max_matching_ngram_size=self.max_ngram,
+                                     eos_token_id=sorted(self.target.eos_token_ids) or None,
+                                     pad_token_id=(sorted(self.target.eos_token_ids) or [0])[0])
+        finally:
+            h1.remove()
+            h2.remove()
+        new = out[0, ids.shape[1]:].tolist()
+        end_pos = ids.shape[1] + len(new)
+        steps = []
+        for i, (t0, t1, n_in, pos) in enumerate(calls[1:], start=1):
+            nxt = calls[i + 1][3] if i + 1 < len(calls) else end_pos
+            k = max(0, nxt - pos)
+            steps.append(StepTrace(step=i - 1, nodes=[TreeNode(0, 0, "", -1, 0, 1.0, 1.0, "root")]
+                                   + [TreeNode(j, 0, "", j - 1, j, 1.0, 1.0, "lookup") for j in range(1, n_in)],
+                                   accepted=list(range(min(k, n_in))), bonus_token=0, bonus_text="",
+                                   new_tokens=[], accepted_length=k, draft_ms=0.0,
+                                   verify_ms=(t1 - t0) * 1e3, total_tokens=nxt - ids.shape[1]))
+        return GenerationResult(
+            text=self.target.tokenizer.decode(new, skip_special_tokens=True), token_ids=new,
+            steps=steps, prompt_tokens=ids.shape[1],
+            prefill_ms=(calls[0][1] - calls[0][0]) * 1e3 if calls else 0.0,
+            decode_s=sum(s.verify_ms for s in steps) / 1e3, method=HF_LOOKUP)
 
 
 def machine_info(target) -> dict:

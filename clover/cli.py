@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure plain, Medusa and Clover side by side")
     b.add_argument("--methods", default="ar,medusa,clover",
-                   help=f"comma-separated, from {','.join(ALL_METHODS)}")
+                   help=f"comma-separated, from {','.join(ALL_METHODS)}; also hf-lookup "
+                        "(transformers' prompt lookup decoding on the same model, a reference)")
     b.add_argument("--lookup", action="store_true",
                    help="also run each listed head method with a prompt lookup branch")
     b.add_argument("--model", default=None, help="target (default: embedded model)")
@@ -308,7 +309,7 @@ def cmd_train(args) -> int:
 
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
-    from clover.bench import BenchConfig, run_bench
+    from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
     from clover.engine import split_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -324,7 +325,8 @@ def cmd_bench(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
-    engines = {m: engine_for(m, target, tree, heads_dirs.get(split_method(m)[0])) for m in cfg.methods}
+    engines = {m: HFPromptLookup(target) if m == HF_LOOKUP
+               else engine_for(m, target, tree, heads_dirs.get(split_method(m)[0])) for m in cfg.methods}
     results = run_bench(target, engines, args.prompts, args.out, cfg,
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
@@ -334,7 +336,7 @@ def cmd_bench(args) -> int:
                                     "lookup": {m: asdict(e.lookup) for m, e in engines.items()
                                                if e.lookup is not None},
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
-                                              for m in cfg.methods if split_method(m)[0]}})
+                                              for m in cfg.methods if m != HF_LOOKUP and split_method(m)[0]}})
     print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
     if results["mismatches"]:
         print("clover bench: error: greedy output differs from plain decoding: "

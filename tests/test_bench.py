@@ -144,3 +144,17 @@ def test_bench_lists_lookup_and_hybrids(tiny_dir, prompts, tmp_path, capsys):
     assert "| lookup |" in (out / "results.md").read_text()
     with pytest.raises(ValueError, match="unknown methods"):
         BenchConfig(methods=("ar", "eagle"))
+
+
+def test_bench_reports_transformers_prompt_lookup_beside_ours(tiny_dir, prompts, tmp_path):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+               "--methods", "ar,lookup,hf-lookup", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    hf = [r for r in res["runs"] if r["method"] == "hf-lookup"]
+    assert len(hf) == 3 and all(r["matches_plain"] is True for r in hf)  # same greedy text
+    assert all(r["steps"] >= 1 and r["tokens_per_second"] > 0 for r in hf)
+    assert "| hf-lookup |" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        BenchConfig(methods=("ar", "hf-lookup"), temperature=0.7)
