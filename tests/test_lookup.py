@@ -179,3 +179,21 @@ def test_sampling_with_lookup_branches_matches_target_distribution():
         assert any(n.source in ("lookup", "both") for n in first.steps[0].nodes)
         counts = draw_pairs(engine, prompt, cfg, 2500)
         assert pooled_pvalue(counts, probs) > 1e-3, engine.method
+
+
+def test_replayed_lookup_equals_the_engine():
+    """scripts/lookup_ablation.py replays lookup over plain greedy answers; the replay
+    must take exactly the engine's steps."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "lookup_ablation", Path(__file__).resolve().parents[1] / "scripts" / "lookup_ablation.py")
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    target = tiny_target("llama")
+    for prompt in (REPETITIVE, [5, 6, 7, 8, 9]):
+        answer = Engine(target).generate(prompt, 30).token_ids
+        for cfg in (LookupConfig(max_tokens=4), LookupConfig(max_ngram=2, max_tokens=10, prefer="earliest")):
+            run = Engine(target, lookup=cfg).generate(prompt, 30)
+            assert ablation.replay(prompt, answer, cfg) == (len(run.steps), len(run.token_ids))

@@ -1,0 +1,96 @@
+"""Prompt lookup settings, measured without timing noise (issue 16).
+
+With greedy decoding, what lookup drafts and what the target accepts depend only on the
+token sequence, so tokens per step can be replayed exactly from the plain greedy answers:
+the target is run once per prompt (plain decoding), then each lookup setting drafts
+against the known answer, step by step, as ``clover.lookup.LookupDrafter`` does in the
+engine (accepted = the longest prefix of the chain that the answer continues with, plus
+the bonus token). No timing is involved, so a busy machine gives the same numbers.
+
+    python scripts/lookup_ablation.py --prompts ../shared/data/spec_bench/question.jsonl \\
+        --max-prompts 39 --out runs/lookup-ablation.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def replay(prompt: list[int], answer: list[int], cfg) -> tuple[int, int]:
+    """(steps, tokens) of lookup decoding (fixed chain, ``cfg.costs`` ignored unless set)
+    over a known greedy ``answer``."""
+    from clover.lookup import LookupDrafter
+
+    d = LookupDrafter(cfg)
+    d.observe(None, None, prompt[:-1])
+    root, done, steps = prompt[-1], 0, 0
+    while done < len(answer):
+        chain = d.draft(root, len(answer) - done - 1).tokens.tolist()[1:]
+        k = 0
+        while k < len(chain) and chain[k] == answer[done + k]:
+            k += 1
+        committed = answer[done: done + k + 1]
+        d.observe(None, None, [root] + committed[:-1])
+        root = committed[-1]
+        done += len(committed)
+        steps += 1
+    return steps, len(answer)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from clover import Engine, load_target
+    from clover.data import interleave_categories, read_prompts
+    from clover.lookup import LookupConfig
+    from clover.models import encode_prompt
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--max-prompts", type=int, default=39)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "runs" / "lookup-ablation.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target = load_target(None, device="cpu")
+    prompts = interleave_categories(read_prompts(args.prompts))[: args.max_prompts]
+    runs = []
+    t0 = time.time()
+    for i, p in enumerate(prompts):
+        ids = encode_prompt(target.tokenizer, p["turns"][0])
+        answer = Engine(target).generate(ids, args.max_new_tokens).token_ids
+        runs.append((p["category"], ids, answer))
+        print(f"{i + 1}/{len(prompts)} {p['category']} {len(answer)} tokens, {time.time() - t0:.0f} s",
+              file=sys.stderr)
+    settings = {f"{prefer}, n<={n}, L={L}": LookupConfig(max_ngram=n, max_tokens=L, prefer=prefer)
+                for prefer in ("latest", "earliest") for n in (2, 3, 4) for L in (4, 10)}
+    table = {}
+    for name, cfg in settings.items():
+        per_cat: dict[str, list[float]] = {}
+        for cat, ids, answer in runs:
+            steps, tokens = replay(ids, answer, cfg)
+            per_cat.setdefault(cat, []).append(tokens / steps)
+        table[name] = {c: round(statistics.fmean(v), 3) for c, v in sorted(per_cat.items())}
+        table[name]["all"] = round(statistics.fmean(x for v in per_cat.values() for x in v), 3)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"prompts": args.prompts, "n": len(runs),
+                                          "max_new_tokens": args.max_new_tokens,
+                                          "tokens_per_step": table}, indent=1) + "\n")
+    cats = [c for c in next(iter(table.values()))]
+    print("| setting | " + " | ".join(cats) + " |")
+    print("|---|" + "---|" * len(cats))
+    for name, row in table.items():
+        print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cats) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
