@@ -115,11 +115,13 @@ class HFPromptLookup:
     greedy) on the same model object, timed like an engine so that the bench reports it
     beside the ``lookup`` method (issue 16).
 
-    Each target forward is timed by hooks; every forward after the prefill becomes one
-    synthetic step whose committed tokens are read from the cache positions. transformers
-    makes the first new token in its prefill, so that token is counted without its time:
-    tokens/s and tokens/step are optimistic by one token per run (under 1% at 128 tokens).
-    Only greedy decoding is supported.
+    Every target forward is timed by hooks and becomes one step; the tokens each forward
+    committed are read from the KV cache length at the start of the next one (transformers
+    crops the cache to the accepted tokens). Its first forward runs the whole prompt plus
+    the first drafts; like the engine, which prefills all but the last prompt token
+    outside its step times, the time of a forward over the prompt but its last token
+    (measured just before, on the same model) is taken off that first step. Only greedy
+    decoding is supported.
     """
 
     heads = None
@@ -140,41 +142,49 @@ class HFPromptLookup:
         model, calls = self.target.model, []
 
         def pre(module, args, kwargs):
-            ids = kwargs.get("input_ids")
-            pos = kwargs.get("cache_position")
-            calls.append([time.perf_counter(), None, int(ids.shape[1]), int(pos[0]) if pos is not None else 0])
+            cache = kwargs.get("cache")
+            if cache is None:
+                cache = kwargs.get("past_key_values")
+            calls.append([time.perf_counter(), None, int(kwargs["input_ids"].shape[1]),
+                          cache.get_seq_length() if cache is not None else 0])
 
         def post(module, args, kwargs, out):
             calls[-1][1] = time.perf_counter()
 
-        h1 = model.register_forward_pre_hook(pre, with_kwargs=True)
-        h2 = model.register_forward_hook(post, with_kwargs=True)
-        try:
-            ids = torch.tensor([list(prompt_ids)], device=self.target.device)
-            with torch.inference_mode():
+        ids = torch.tensor([list(prompt_ids)], device=self.target.device)
+        p = ids.shape[1]
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            if p > 1:  # what the engine leaves out of its step times
+                model(input_ids=ids[:, :-1], use_cache=True, logits_to_keep=1)
+            prefill_ms = (time.perf_counter() - t0) * 1e3
+            h1 = model.register_forward_pre_hook(pre, with_kwargs=True)
+            h2 = model.register_forward_hook(post, with_kwargs=True)
+            try:
+                eos = sorted(self.target.eos_token_ids)
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                      max_new_tokens=max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
-                                     max_matching_ngram_size=self.max_ngram,
-                                     eos_token_id=sorted(self.target.eos_token_ids) or None,
-                                     pad_token_id=(sorted(self.target.eos_token_ids) or [0])[0])
-        finally:
-            h1.remove()
-            h2.remove()
-        new = out[0, ids.shape[1]:].tolist()
-        end_pos = ids.shape[1] + len(new)
-        steps = []
-        for i, (t0, t1, n_in, pos) in enumerate(calls[1:], start=1):
-            nxt = calls[i + 1][3] if i + 1 < len(calls) else end_pos
-            k = max(0, nxt - pos)
-            steps.append(StepTrace(step=i - 1, nodes=[TreeNode(0, 0, "", -1, 0, 1.0, 1.0, "root")]
-                                   + [TreeNode(j, 0, "", j - 1, j, 1.0, 1.0, "lookup") for j in range(1, n_in)],
-                                   accepted=list(range(min(k, n_in))), bonus_token=0, bonus_text="",
-                                   new_tokens=[], accepted_length=k, draft_ms=0.0,
-                                   verify_ms=(t1 - t0) * 1e3, total_tokens=nxt - ids.shape[1]))
+                                     max_matching_ngram_size=self.max_ngram, eos_token_id=eos or None,
+                                     pad_token_id=(eos or [0])[0])
+            finally:
+                h1.remove()
+                h2.remove()
+        new = out[0, p:].tolist()
+        starts = [p - 1] + [c[3] for c in calls[1:]] + [p + len(new) - 1]  # cache length per call
+        steps, total = [], 0
+        for i, (t_start, t_end, n_in, _) in enumerate(calls):
+            k = starts[i + 1] - starts[i]  # tokens this forward committed
+            drafted = n_in - (p if i == 0 else 1)
+            total += k
+            ms = (t_end - t_start) * 1e3 - (prefill_ms if i == 0 else 0.0)
+            steps.append(StepTrace(
+                step=i, nodes=[TreeNode(j, 0, "", j - 1, j, 1.0, 1.0, "root" if j == 0 else "lookup")
+                               for j in range(drafted + 1)],
+                accepted=list(range(k)), bonus_token=0, bonus_text="", new_tokens=new[total - k: total],
+                accepted_length=k, draft_ms=0.0, verify_ms=max(ms, 0.0), total_tokens=total))
         return GenerationResult(
             text=self.target.tokenizer.decode(new, skip_special_tokens=True), token_ids=new,
-            steps=steps, prompt_tokens=ids.shape[1],
-            prefill_ms=(calls[0][1] - calls[0][0]) * 1e3 if calls else 0.0,
+            steps=steps, prompt_tokens=p, prefill_ms=prefill_ms,
             decode_s=sum(s.verify_ms for s in steps) / 1e3, method=HF_LOOKUP)
 
 
@@ -264,8 +274,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                     tokens_per_second=new / wall if wall > 0 else 0.0, steps=steps,
                     mean_accepted_length=new / steps if steps else 0.0,
                     acceptance_per_depth=acceptance_per_depth(results, depth),
-                    draft_ms=statistics.fmean(s.draft_ms for s in all_steps),
-                    verify_ms=statistics.fmean(s.verify_ms for s in all_steps),
+                    draft_ms=statistics.fmean(s.draft_ms for s in all_steps) if all_steps else 0.0,
+                    verify_ms=statistics.fmean(s.verify_ms for s in all_steps) if all_steps else 0.0,
                     text=[x.text for x in results],
                     lookup_share=lookup_share(all_steps) if lookup is not None else None,
                     ttft_ms=results[0].prefill_ms + (results[0].steps[0].draft_ms

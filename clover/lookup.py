@@ -90,6 +90,10 @@ class NgramIndex:
         """The tokens that followed an earlier occurrence of the tail of
         ``tokens + [root]``, longest tail first.
 
+        The continuation is an overlapping copy, as in LZ77: when the occurrence ends p
+        tokens before the root, the text since then repeats with period p, so a loop such
+        as ``7 7 7`` proposes ``7 7 7 ...`` rather than stopping at the root.
+
         Returns:
             (up to ``length`` proposed tokens, the matched n), or ([], 0) when no tail of
             ``min_n``..``max_n`` tokens occurred before.
@@ -100,7 +104,8 @@ class NgramIndex:
             if not ends:
                 continue
             end = ends[-1] if prefer == "latest" else ends[0]
-            return full[end + 1: end + 1 + length], n
+            period = len(full) - end - 1  # >= 1: the occurrence ends before the root
+            return [full[end + 1 + j % period] for j in range(length)], n
         return [], 0
 
 
@@ -108,6 +113,8 @@ def find_continuation(tokens: Sequence[int], max_ngram: int = 3, min_ngram: int 
                       length: int = 10, prefer: str = "latest") -> tuple[list[int], int]:
     """One-shot lookup over ``tokens`` (the last token is the query's end): the tokens
     that followed an earlier occurrence of its last n tokens (see :class:`NgramIndex`)."""
+    if len(tokens) < 2:
+        return [], 0
     index = NgramIndex(min_ngram, max_ngram)
     index.extend(tokens[:-1])
     return index.find(tokens[-1], length, prefer)
@@ -139,16 +146,27 @@ class LookupDrafter:
         # accepted / tried lookup tokens per matched n, with a prior of 1 of 2
         self.stats = {n: [1.0, 2.0] for n in range(cfg.min_ngram, cfg.max_ngram + 1)}
         self.pending: tuple[list[int], int] | None = None  # last chain proposed, its n
+        # a continuation found but not drafted (too costly at its rate): its first token is
+        # still scored against the next root, so a rate that fell can recover
+        self.shadow: tuple[int, int] | None = None
 
     def rate(self, n: int) -> float:
         accepted, tried = self.stats[n]
         return accepted / tried
+
+    def _score_shadow(self, actual: int) -> None:
+        token, n = self.shadow
+        self.stats[n][0] += token == int(actual)
+        self.stats[n][1] += 1
+        self.shadow = None
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
         """Index the newly committed tokens (the prompt, then each step's root and
         accepted drafts) and score the last proposal against them."""
         tokens = [int(t) for t in tokens]
+        if self.shadow is not None and len(tokens) > 1:  # the heads' drafts moved past it
+            self._score_shadow(tokens[1])
         if self.pending is not None:
             chain, n = self.pending
             got = tokens[1:]  # the accepted drafts after the root
@@ -163,13 +181,17 @@ class LookupDrafter:
     def propose(self, root_token: int, max_len: int) -> tuple[list[int], float]:
         """The chain to draft after ``root_token`` (possibly empty) and the acceptance
         rate it was sized with."""
+        if self.shadow is not None:  # nothing was accepted: the root is the next token
+            self._score_shadow(root_token)
         chain, n = self.index.find(root_token, min(max_len, self.cfg.max_tokens), self.cfg.prefer)
         if not chain:
             return [], 0.0
         rate = self.rate(n)
-        chain = chain[:best_length(self.cfg.costs, rate, len(chain))]
-        self.pending = (chain, n) if chain else None
-        return chain, rate
+        kept = chain[:best_length(self.cfg.costs, rate, len(chain))]
+        self.pending = (kept, n) if kept else None
+        if not kept:
+            self.shadow = (chain[0], n)
+        return kept, rate
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         chain, rate = self.propose(root_token, max_depth)

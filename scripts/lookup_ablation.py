@@ -60,16 +60,24 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "lookup-ablation.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target = load_target(None, device="cpu")
     prompts = interleave_categories(read_prompts(args.prompts))[: args.max_prompts]
+    # the greedy answers are kept beside the output, so later runs replay at once
+    cache = Path(args.out).with_suffix(".answers.json")
+    key = {"prompts": args.prompts, "n": len(prompts), "max_new_tokens": args.max_new_tokens}
     runs = []
-    t0 = time.time()
-    for i, p in enumerate(prompts):
-        ids = encode_prompt(target.tokenizer, p["turns"][0])
-        answer = Engine(target).generate(ids, args.max_new_tokens).token_ids
-        runs.append((p["category"], ids, answer))
-        print(f"{i + 1}/{len(prompts)} {p['category']} {len(answer)} tokens, {time.time() - t0:.0f} s",
-              file=sys.stderr)
+    if cache.is_file() and json.loads(cache.read_text())["key"] == key:
+        runs = [tuple(r) for r in json.loads(cache.read_text())["runs"]]
+    else:
+        target = load_target(None, device="cpu")
+        t0 = time.time()
+        for i, p in enumerate(prompts):
+            ids = encode_prompt(target.tokenizer, p["turns"][0])
+            answer = Engine(target).generate(ids, args.max_new_tokens).token_ids
+            runs.append((p["category"], ids, answer))
+            print(f"{i + 1}/{len(prompts)} {p['category']} {len(answer)} tokens, "
+                  f"{time.time() - t0:.0f} s", file=sys.stderr)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"key": key, "runs": runs}))
     settings = {f"{prefer}, n<={n}, L={L}": LookupConfig(max_ngram=n, max_tokens=L, prefer=prefer)
                 for prefer in ("latest", "earliest") for n in (2, 3, 4) for L in (4, 10)}
     table = {}

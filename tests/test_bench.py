@@ -158,3 +158,22 @@ def test_bench_reports_transformers_prompt_lookup_beside_ours(tiny_dir, prompts,
     assert "| hf-lookup |" in (out / "results.md").read_text()
     with pytest.raises(ValueError, match="greedy decoding only"):
         BenchConfig(methods=("ar", "hf-lookup"), temperature=0.7)
+
+
+def test_hf_lookup_steps_add_up():
+    """Each forward of transformers' prompt lookup is one step; the committed tokens are
+    read from the cache lengths and sum to the output, which equals plain greedy."""
+    from clover import Engine
+    from clover.bench import HFPromptLookup
+    from conftest import tiny_target
+
+    target = tiny_target("llama")
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
+    res = HFPromptLookup(target, num_tokens=4).generate(prompt, 20)
+    assert res.token_ids == Engine(target).generate(prompt, 20).token_ids
+    assert [s.accepted_length for s in res.steps] and all(s.accepted_length >= 1 for s in res.steps)
+    assert sum(s.accepted_length for s in res.steps) == len(res.token_ids) == 20
+    assert [s.total_tokens for s in res.steps] == sorted({s.total_tokens for s in res.steps})
+    assert [t for s in res.steps for t in s.new_tokens] == res.token_ids
+    assert all(len(s.accepted) <= len(s.nodes) for s in res.steps) and res.decode_s > 0
+    assert max(s.accepted_length for s in res.steps) > 1  # lookup drafts were accepted

@@ -24,13 +24,37 @@ def test_longest_tail_first():
 def test_no_match_and_min_ngram():
     assert find_continuation([1, 2, 3, 4]) == ([], 0)
     assert find_continuation([7, 1, 2, 7], min_ngram=2) == ([], 0)  # only a 1-gram matches
-    assert find_continuation([7, 1, 2, 7], min_ngram=1) == ([1, 2, 7], 1)
+    assert find_continuation([7, 1, 2, 7], min_ngram=1, length=3) == ([1, 2, 7], 1)
+    assert find_continuation([7, 1, 2, 7], min_ngram=1, length=5) == ([1, 2, 7, 1, 2], 1)
     assert find_continuation([5]) == ([], 0)
 
 
-def test_continuation_stops_at_the_text_end():
-    # the only earlier "4" is the one just before the root: the continuation is the root
-    assert find_continuation([1, 4, 4], length=5) == ([4], 1)
+def test_continuation_copies_overlapping_text_like_lz77():
+    # the only earlier "4" is the one just before the root: period 1, so 4 4 4 ...
+    assert find_continuation([1, 4, 4], length=5) == ([4] * 5, 1)
+    # "7 8" ended two tokens before the root "8": the loop 7 8 continues
+    assert find_continuation([7, 8, 7, 8], length=5) == ([7, 8, 7, 8, 7], 2)
+    assert find_continuation([]) == ([], 0) and find_continuation([3]) == ([], 0)
+
+
+def test_an_undrafted_guess_still_updates_the_rate():
+    """With costs that make a chain not worth drafting at the prior rate, the first
+    token of the match is still scored, so the rate can rise and lookup turn back on."""
+    costs = (10.0, 16.0, 22.0)  # one extra token costs 60% of a step: needs rate > 0.6
+    d = LookupDrafter(LookupConfig(max_ngram=1, max_tokens=2, costs=costs))
+    truth = [5, 6] * 20  # a loop the model keeps following
+    d.observe(None, None, truth[:7])
+    i, drafted = 7, []
+    for _ in range(6):  # the engine's greedy loop, against the known continuation
+        tree = d.draft(truth[i], 10)
+        chain = tree.tokens.tolist()[1:]
+        k = 0
+        while k < len(chain) and chain[k] == truth[i + 1 + k]:
+            k += 1
+        d.observe(None, None, truth[i: i + 1 + k])
+        drafted.append(len(chain))
+        i += k + 1
+    assert drafted[0] == 0 and drafted[-1] > 0  # off at the prior, on once the guesses hit
 
 
 def test_incremental_index_equals_one_shot():
