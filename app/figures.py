@@ -491,7 +491,7 @@ def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
     """Live metric cards of the streamed run, then a table of every measured run.
 
     Args:
-        method: "ar", "medusa" or "clover" (the run on screen).
+        method: the run on screen (a name from ``clover.methods.ALL_METHODS``).
         stats: its figures so far.
         vs_plain / vs_medusa: speedups at the same token count (None: not measured).
         table: (method, stats, state) per measured run, state e.g. "done" or "running".

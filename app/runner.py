@@ -14,7 +14,7 @@ import queue
 import threading
 from collections import OrderedDict
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -166,8 +166,11 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
     if len(str(prompt)) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt is too long ({len(str(prompt))} characters); this app "
                          f"takes up to {MAX_PROMPT_CHARS}")
+    if method in ("medusa+lookup", "clover+lookup"):  # a full name, e.g. from the API
+        method, lookup = method.split("+")[0], True
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}, "
+                         f"or medusa+lookup / clover+lookup")
     try:
         temperature = float(temperature)
     except (TypeError, ValueError):
@@ -218,17 +221,20 @@ class LoadedModel:
                                          compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _lookup: object = field(default=None, repr=False, compare=False)
+    _lookup_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def lookup_config(self):
         """Prompt lookup settings for this model: the chain length adapts to this machine's
-        verify cost curve (measured on first use, a few seconds on a CPU, then kept). On
-        ZeroGPU, which this process cannot time, a fixed chain of 4 tokens."""
+        verify cost curve (measured once, a few seconds on a CPU, in the start-up
+        calibration or else on first use, then kept). While the calibration is still
+        running, and on ZeroGPU (which this process cannot time), a fixed chain of at most
+        4 tokens."""
         from clover.autotree import verify_costs
         from clover.lookup import LookupConfig
 
-        if spaces is not None:
+        if spaces is not None or (self._lookup is None and self.calibrating.is_set()):
             return LookupConfig(max_tokens=4)
-        with self._lock:
+        with self._lookup_lock:
             if self._lookup is None:
                 n = LookupConfig().max_tokens + 1
                 self._lookup = LookupConfig(costs=tuple(verify_costs(self.target, n)))
@@ -243,8 +249,6 @@ class LoadedModel:
         the default budget is used there."""
         if not tree.auto or self.heads.get(method) is None:
             return tree
-        from dataclasses import replace
-
         from clover.autotree import stored_auto_tree
 
         if spaces is not None:
@@ -262,8 +266,6 @@ class LoadedModel:
         any left are measured in a daemon thread (runs meanwhile use the default budget),
         which then decodes two tokens per method (warm-up). Returns the thread, or None
         when nothing was left to measure."""
-        from dataclasses import replace
-
         from clover.autotree import stored_auto_tree
 
         base = replace(auto_tree(), auto=False)
@@ -283,6 +285,8 @@ class LoadedModel:
                 for m in todo:
                     with self._lock:
                         self.auto_trees[m] = stored_auto_tree(self.target, self.heads[m], base)
+                self.calibrating.clear()
+                self.lookup_config()  # the verify cost curve for prompt lookup
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
             except Exception:  # the default tree stays in use; the app keeps serving
                 log.exception("sizing the auto tree failed; using the default budget")
@@ -475,8 +479,9 @@ def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: i
     """
     loaded = _MODELS[model_key]
     kind, uses_lookup = split_method(method)
+    # the tree is resolved here (auto -> the measured budget), never inside the engine
     engine = Engine(loaded.target, loaded.heads.get(kind) if kind else None,
-                    loaded.tree_for(kind, tree) if kind else tree,
+                    loaded.tree_for(kind, tree) if kind else replace(tree, auto=False),
                     loaded.lookup_config() if uses_lookup else None)
     run = engine.stream(prompt_ids, max_new_tokens, sampling)
     for step in run:

@@ -309,6 +309,8 @@ def cmd_train(args) -> int:
 
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
+    from clover import LookupConfig
+    from clover.autotree import verify_costs
     from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
     from clover.engine import split_method
 
@@ -325,8 +327,19 @@ def cmd_bench(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
-    engines = {m: HFPromptLookup(target) if m == HF_LOOKUP
-               else engine_for(m, target, tree, heads_dirs.get(split_method(m)[0])) for m in cfg.methods}
+    engines, trees = {}, {}  # the auto tree is sized once per head kind, hybrids share it
+    lookup = LookupConfig()
+    if tree.auto and any(m.endswith("lookup") and m != HF_LOOKUP for m in cfg.methods):
+        lookup = LookupConfig(costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+    for m in sorted(cfg.methods, key=lambda m: "+" in m):
+        kind = None if m == HF_LOOKUP else split_method(m)[0]
+        if m == HF_LOOKUP:
+            engines[m] = HFPromptLookup(target)
+            continue
+        engines[m] = engine_for(m, target, trees.get(kind, tree), heads_dirs.get(kind), lookup=lookup)
+        if kind:
+            trees.setdefault(kind, engines[m].tree)
+    engines = {m: engines[m] for m in cfg.methods}
     results = run_bench(target, engines, args.prompts, args.out, cfg,
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()

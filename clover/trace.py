@@ -110,7 +110,7 @@ class GenerationResult:
         decode_s: decoding time in seconds: the sum of every step's draft_ms and
             verify_ms (time spent building traces or in the consumer is excluded).
         stop_reason: "eos", "length" or "stop_string".
-        method: "ar", "medusa" or "clover".
+        method: the method's name (``clover.methods.ALL_METHODS``, e.g. "clover+lookup").
         seed: the sampling generator's seed (the given one, or the random one drawn),
             so a sampled run can be reproduced.
     """

@@ -136,6 +136,8 @@ def test_bench_lists_lookup_and_hybrids(tiny_dir, prompts, tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert res["meta"]["config"]["methods"] == ["ar", "lookup", "clover", "clover+lookup"]
     assert set(res["meta"]["lookup"]) == {"lookup", "clover+lookup"}
+    # a fixed tree: the lookup chain keeps its fixed cap (no cost curve measured)
+    assert res["meta"]["lookup"]["lookup"]["costs"] == []
     for r in res["runs"]:
         assert (r["lookup_share"] is None) == (r["method"] in ("ar", "clover"))
         if r["method"] != "ar":
@@ -149,9 +151,12 @@ def test_bench_lists_lookup_and_hybrids(tiny_dir, prompts, tmp_path, capsys):
 def test_bench_reports_transformers_prompt_lookup_beside_ours(tiny_dir, prompts, tmp_path):
     out = tmp_path / "bench"
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
-               "--methods", "ar,lookup,hf-lookup", "--out", str(out)])
+               "--methods", "ar,lookup,hf-lookup,clover+lookup", "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
+    # the auto tree (default): one cost curve, shared by every lookup method
+    costs = res["meta"]["lookup"]["lookup"]["costs"]
+    assert len(costs) == 11 and costs == res["meta"]["lookup"]["clover+lookup"]["costs"]
     hf = [r for r in res["runs"] if r["method"] == "hf-lookup"]
     assert len(hf) == 3 and all(r["matches_plain"] is True for r in hf)  # same greedy text
     assert all(r["steps"] >= 1 and r["tokens_per_second"] > 0 for r in hf)
