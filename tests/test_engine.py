@@ -115,9 +115,14 @@ def test_trace_records():
             assert 0.0 <= n.draft_prob <= 1.0 and 0.0 <= n.target_prob <= 1.0
         assert all(s.nodes[b].parent == a for a, b in zip(s.accepted, s.accepted[1:]))
         assert s.draft_ms >= 0 and s.verify_ms > 0
-        assert s.new_tokens[-1] == s.bonus_token or s.finished
+        assert 0 < s.bonus_prob <= 1.0
+        if s.bonus_committed:
+            assert s.new_tokens[-1] == s.bonus_token and s.new_tokens[:-1] == [
+                s.nodes[i].token_id for i in s.accepted[1:]]
+        else:  # generation ended inside the accepted block: only the last step
+            assert s is steps[-1] and s.new_tokens == [s.nodes[i].token_id for i in s.accepted[1:]]
+    assert all(not s.finished for s in steps[:-1])
     assert result.decode_s == pytest.approx(sum(s.draft_ms + s.verify_ms for s in steps) / 1e3)
-    assert 0 < steps[-1].bonus_prob <= 1.0 or steps[-1].finished
     summary = result.summary()
     assert summary["new_tokens"] == 12 and summary["tokens_per_second"] > 0
     assert summary["mean_accepted_length"] == pytest.approx(12 / len(steps))
