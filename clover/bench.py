@@ -93,12 +93,12 @@ class RunRecord:
     lookup_share: float | None = None  # accepted drafts that prompt lookup proposed (methods with lookup)
 
 
-def lookup_share(steps) -> float:
+def lookup_share(steps) -> float | None:
     """Share of committed drafted tokens that prompt lookup proposed (alone or as well
-    as the heads); 0 when nothing drafted was committed."""
+    as the heads); None when no drafted token was committed."""
     accepted = [step.nodes[i] for step in steps for i in step.accepted[1:]]
     if not accepted:
-        return 0.0
+        return None
     return sum(1 for n in accepted if n.source in ("lookup", "both")) / len(accepted)
 
 

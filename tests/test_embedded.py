@@ -102,3 +102,18 @@ def test_shipped_heads_fit_the_embedded_model_under_its_hub_name(embedded):
         assert source == f"{SHIPPED} (trained on the embedded GGUF copy)"
     finally:
         embedded.name = EMBEDDED_NAME
+
+
+@pytest.mark.parametrize("method", ["lookup", "medusa+lookup", "clover+lookup"])
+def test_lookup_parity_on_embedded(embedded, references, method):
+    """Prompt lookup alone and as a branch of the shipped heads' trees: the plain greedy
+    text on the embedded model, with lookup tokens really accepted on a copying prompt."""
+    from clover import engine_for
+
+    engine = engine_for(method, embedded, parse_tree_spec("dynamic:budget=6"))
+    for p, (ids, want) in references.items():
+        assert_same_or_near_tie(embedded, ids, engine.generate(ids, N).token_ids, want)
+    copy = encode_prompt(embedded.tokenizer, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
+    res = engine.generate(copy, 16)
+    assert res.token_ids == Engine(embedded).generate(copy, 16).token_ids
+    assert any(step.nodes[i].source in ("lookup", "both") for step in res.steps for i in step.accepted[1:])
