@@ -65,11 +65,6 @@ class AutoTreeReport:
     chosen: int
     nodes: list[int] = None
 
-    def expected_speedup(self) -> list[float]:
-        """Expected speedup over plain decoding per budget."""
-        return [(t / (d + v)) / (1.0 / self.plain_ms)
-                for t, d, v in zip(self.tau, self.draft_ms, self.verify_ms)]
-
 
 def _accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
     """Greedy tokens per step for the subtree ``keep`` (node ids, root included) when

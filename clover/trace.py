@@ -6,7 +6,7 @@ benchmark and the notebooks only read these records.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -92,9 +92,6 @@ class StepTrace:
     bonus_committed: bool = True
     new_text: list[str] = field(default_factory=list)
     stop_reason: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

@@ -119,13 +119,6 @@ class TreeConfig:
             return f"static, {len(self.paths)} drafted tokens"
         return f"dynamic, {self.budget} drafted tokens"
 
-    @property
-    def depth(self) -> int | None:
-        """Depth of the static tree, or ``max_depth`` for a dynamic one."""
-        if self.kind == "static":
-            return max(len(p) for p in self.paths)
-        return self.max_depth
-
 
 def validate_paths(paths) -> None:
     """Check a static path list: non-empty, ranks >= 0, every prefix present.
