@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 from clover import (Engine, SamplingConfig, TreeConfig, encode_prompt, load_target,
                     parse_tree_spec)
 from clover.engine import validate_request
-from clover.methods import split_method
+from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ try:  # Hugging Face ZeroGPU: CUDA work must run inside a function decorated by 
 except ImportError:  # everywhere else the plain function runs
     spaces = None
 
-METHODS = ("ar", "lookup", "medusa", "clover")  # the methods to watch; see full_method
+METHODS = ("ar", "lookup", "medusa", "clover")  # to watch; see clover.methods.with_lookup
 MAX_NEW_TOKENS = 512
 MAX_PROMPT_CHARS = 20_000
 MAX_TEMPERATURE = 5.0
@@ -123,12 +123,6 @@ class Settings:
     lookup: bool = False
 
 
-def full_method(method: str, lookup: bool) -> str:
-    """A head method with the lookup branch when ``lookup`` ("clover" -> "clover+lookup");
-    plain decoding and lookup alone stay as they are."""
-    return f"{method}+lookup" if lookup and method in ("medusa", "clover") else method
-
-
 MAX_SEED = 2**31 - 1
 
 
@@ -156,7 +150,7 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
                    model=None, heads=None, seed=None, lookup=False) -> Settings:
     """Validate the raw values of the settings widgets (or of an API call). ``seed``:
     see :func:`parse_seed` (empty = a new random seed for this run). ``lookup``: add a
-    prompt lookup branch to the head methods (see :func:`full_method`).
+    prompt lookup branch to the head methods (see ``clover.methods.with_lookup``).
 
     Raises:
         ValueError: with a message for the visitor.
@@ -186,7 +180,7 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
         raise ValueError(f"max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, "
                          f"got {max_new_tokens:g}")
     return Settings(
-        prompt=parse_chat(str(prompt)), method=full_method(method, bool(lookup)),
+        prompt=parse_chat(str(prompt)), method=with_lookup(method, bool(lookup)),
         lookup=bool(lookup),
         sampling=SamplingConfig(temperature=temperature, seed=parse_seed(seed)),
         max_new_tokens=int(n), tree=tree_config(tree), compare=bool(compare),
@@ -229,15 +223,14 @@ class LoadedModel:
         calibration or else on first use, then kept). While the calibration is still
         running, and on ZeroGPU (which this process cannot time), a fixed chain of at most
         4 tokens."""
-        from clover.autotree import verify_costs
+        from clover.autotree import sized_lookup
         from clover.lookup import LookupConfig
 
         if spaces is not None or (self._lookup is None and self.calibrating.is_set()):
             return LookupConfig(max_tokens=4)
         with self._lookup_lock:
             if self._lookup is None:
-                n = LookupConfig().max_tokens + 1
-                self._lookup = LookupConfig(costs=tuple(verify_costs(self.target, n)))
+                self._lookup = sized_lookup(self.target)
             return self._lookup
 
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
@@ -569,7 +562,7 @@ def run_order(method: str, compare: bool, lookup: bool = False) -> list[str]:
     ``method`` last; with ``lookup`` the head methods carry the lookup branch."""
     if not compare:
         return [method]
-    family = [full_method(m, lookup) for m in METHODS]
+    family = [with_lookup(m, lookup) for m in METHODS]
     return [m for m in family if m != method] + [method]
 
 

@@ -159,6 +159,18 @@ def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3) -> lis
     return list(cached[n])
 
 
+def sized_lookup(target, lookup=None):
+    """``lookup`` (default ``LookupConfig()``) with this machine's verify cost curve for
+    chains up to its ``max_tokens`` (:func:`verify_costs`, cached per target), so prompt
+    lookup drafts the length that pays here (``clover.lookup.best_length``)."""
+    from dataclasses import replace
+
+    from clover.lookup import LookupConfig
+
+    lookup = lookup or LookupConfig()
+    return replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+
+
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 5,
               prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from clover.methods import ALL_METHODS
+from clover.methods import ALL_METHODS, with_lookup
 
 log = logging.getLogger("clover")
 
@@ -165,18 +165,16 @@ def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
     return heads_for(method, target, heads_dir, num_heads)[0]
 
 
-def with_lookup(method: str, lookup: bool) -> str:
-    """``--method clover --lookup`` -> "clover+lookup" (a no-op without ``lookup``).
+def lookup_method(method: str, lookup: bool) -> str:
+    """``--method clover --lookup`` -> "clover+lookup" (``clover.methods.with_lookup``).
 
     Raises:
-        ValueError: ``--lookup`` with a method that has no heads to add a branch to.
+        ValueError: ``--lookup`` with plain decoding, which has no tree to branch.
     """
-    if not lookup or method.endswith("lookup"):
-        return method
-    if method == "ar":
+    if lookup and method == "ar":
         raise ValueError("--lookup adds a branch to Medusa's or Clover's tree; for lookup "
                          "alone use --method lookup")
-    return f"{method}+lookup"
+    return with_lookup(method, lookup)
 
 
 def cmd_generate(args) -> int:
@@ -189,7 +187,7 @@ def cmd_generate(args) -> int:
                               acceptance=args.acceptance, seed=args.seed)
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
-    method = with_lookup(args.method, args.lookup)
+    method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
     engine = engine_for(method, target, tree, args.heads, args.num_heads)
     heads = engine.heads
@@ -310,14 +308,14 @@ def cmd_train(args) -> int:
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
     from clover import LookupConfig
-    from clover.autotree import verify_costs
+    from clover.autotree import sized_lookup
     from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
     from clover.engine import split_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.lookup:
-        methods += [f"{m}+lookup" for m in methods if m in ("medusa", "clover")
-                    and f"{m}+lookup" not in methods]
+        methods += [with_lookup(m) for m in methods if m in ("medusa", "clover")
+                    and with_lookup(m) not in methods]
     cfg = BenchConfig(methods=tuple(methods),
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       repeats=args.repeats, max_prompts=args.max_prompts, seed=args.seed)
@@ -330,7 +328,7 @@ def cmd_bench(args) -> int:
     engines, trees = {}, {}  # the auto tree is sized once per head kind, hybrids share it
     lookup = LookupConfig()
     if tree.auto and any(m.endswith("lookup") and m != HF_LOOKUP for m in cfg.methods):
-        lookup = LookupConfig(costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+        lookup = sized_lookup(target)
     for m in sorted(cfg.methods, key=lambda m: "+" in m):
         kind = None if m == HF_LOOKUP else split_method(m)[0]
         if m == HF_LOOKUP:

@@ -73,9 +73,9 @@ class Engine:
         elif auto:
             self.tree = replace(self.tree, auto=False)
         if lookup is not None and auto and not lookup.costs:
-            from clover.autotree import verify_costs
+            from clover.autotree import sized_lookup
 
-            lookup = replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+            lookup = sized_lookup(target, lookup)
         self.lookup = lookup
 
     def drafter(self):

@@ -11,6 +11,12 @@ METHOD_COLORS = {"ar": "#999999", "lookup": "#009E73", "medusa": "#E69F00", "clo
                  "medusa+lookup": "#D55E00", "clover+lookup": "#56B4E9"}
 
 
+def with_lookup(method: str, lookup: bool = True) -> str:
+    """A head method with the lookup branch when ``lookup`` ("clover" ->
+    "clover+lookup"); plain decoding, lookup alone and hybrids stay as they are."""
+    return f"{method}+lookup" if lookup and method in ("medusa", "clover") else method
+
+
 def split_method(method: str) -> tuple[str | None, bool]:
     """``"clover+lookup"`` -> ``("clover", True)``; ``"ar"`` -> ``(None, False)``.
 

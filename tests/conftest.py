@@ -111,6 +111,15 @@ class ScriptedHeads(DraftHeads):
         return ScriptedDrafter(self.tree_fn)
 
 
+def path_tokens(tree: Tree, i: int) -> tuple:
+    """The drafted tokens from the root's child down to node ``i`` (node 0: ())."""
+    out = []
+    while i > 0:
+        out.append(int(tree.tokens[i]))
+        i = tree.parents[i]
+    return tuple(reversed(out))
+
+
 def tree_from_levels(root: int, children: dict[int, list[int]], tokens: dict[int, int]) -> Tree:
     """Build a Tree from a child map over arbitrary node keys (root key 0)."""
     order, parents, depths, toks, probs = [0], [-1], [0], [root], [1.0]

@@ -6,7 +6,7 @@ import torch
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
 from clover.autotree import _accepted_length, _budget_subtree, auto_tree, pool_size, time_forward
 from clover.tree import Tree, grow_dynamic
-from conftest import perturb, tiny_target
+from conftest import path_tokens, perturb, tiny_target
 
 
 def test_budget_subtree_equals_growing_with_that_budget():
@@ -19,17 +19,9 @@ def test_budget_subtree_equals_growing_with_that_budget():
     for b in (1, 3, 7, 15):
         small = grow_dynamic(0, TreeConfig(budget=b, topk=3), expand, 4)
         keep = _budget_subtree(big, b)
-        paths_big = {_path(big, i) for i in keep}
-        paths_small = {_path(small, i) for i in range(len(small))}
+        paths_big = {path_tokens(big, i) for i in keep}
+        paths_small = {path_tokens(small, i) for i in range(len(small))}
         assert paths_big == paths_small
-
-
-def _path(tree: Tree, i: int) -> tuple:
-    out = []
-    while i > 0:
-        out.append(int(tree.tokens[i]))
-        i = tree.parents[i]
-    return tuple(reversed(out))
 
 
 def test_accepted_length_counts_matches_plus_bonus():

@@ -8,8 +8,8 @@ import torch
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
 from clover.lookup import (LookupConfig, LookupDrafter, NgramIndex, best_length, find_continuation,
                            merge_branch)
-from clover.tree import Tree, ancestor_matrix
-from conftest import perturb, tiny_target, tree_from_levels
+from clover.tree import ancestor_matrix
+from conftest import path_tokens, perturb, tiny_target, tree_from_levels
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
 
 
@@ -95,25 +95,17 @@ def _head_tree():
     return tree_from_levels(7, {0: [1, 2], 1: [3]}, {1: 5, 2: 8, 3: 6})
 
 
-def _path_tokens(tree: Tree, i: int) -> tuple:
-    out = []
-    while i > 0:
-        out.append(int(tree.tokens[i]))
-        i = tree.parents[i]
-    return tuple(reversed(out))
-
-
 def test_merge_shares_head_nodes_and_adds_the_rest():
     head = _head_tree()
     merged = merge_branch(head, [5, 6, 9, 4], prob=0.9, budget=10)
-    paths = {_path_tokens(merged, i): merged.sources[i] for i in range(1, len(merged))}
+    paths = {path_tokens(merged, i): merged.sources[i] for i in range(1, len(merged))}
     assert paths == {(5,): "both", (8,): "head", (5, 6): "both", (5, 6, 9): "lookup",
                      (5, 6, 9, 4): "lookup"}
     assert all(merged.parents[i] < i for i in range(1, len(merged)))  # parents first
     assert merged.depths == sorted(merged.depths)  # breadth-first
     assert all(merged.depths[i] == merged.depths[merged.parents[i]] + 1 for i in range(1, len(merged)))
     # a shared node takes the larger draft probability
-    i = next(i for i in range(1, len(merged)) if _path_tokens(merged, i) == (5,))
+    i = next(i for i in range(1, len(merged)) if path_tokens(merged, i) == (5,))
     assert merged.draft_probs[i] == max(0.9, head.draft_probs[1])
     ancestor_matrix(merged.parents)  # a valid tree
 
@@ -122,14 +114,14 @@ def test_merge_keeps_the_budget_by_joint_probability():
     head = _head_tree()  # 3 drafted nodes
     merged = merge_branch(head, [8, 1, 2, 3], prob=0.95, budget=3)
     assert len(merged) - 1 == 3
-    kept = {_path_tokens(merged, i) for i in range(1, len(merged))}
+    kept = {path_tokens(merged, i) for i in range(1, len(merged))}
     # every kept node's parent is kept, and the confident lookup chain displaced head nodes
     assert all(p[:-1] in kept or len(p) == 1 for p in kept)
     assert (8, 1) in kept and (8, 1, 2) in kept
     # a disjoint branch: the chain hangs off the root
     merged = merge_branch(head, [4], prob=0.5, budget=10)
-    assert (4,) in {_path_tokens(merged, i) for i in range(1, len(merged))}
-    assert merged.sources[[_path_tokens(merged, i) for i in range(len(merged))].index((4,))] == "lookup"
+    assert (4,) in {path_tokens(merged, i) for i in range(1, len(merged))}
+    assert merged.sources[[path_tokens(merged, i) for i in range(len(merged))].index((4,))] == "lookup"
 
 
 REPETITIVE = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
