@@ -13,17 +13,17 @@ import time
 import uuid
 from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 
 from app import figures, runner
 from app.metrics import METHOD_NAMES, best_step, run_stats, speedup, token_origins
+from clover.assets import assets_dir
 from clover.methods import ALL_METHODS
 
 log = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = assets_dir()
 EXAMPLES_FILE = ASSETS / "examples.json"
 DIAGRAM_FILE = ASSETS / "figures" / "clover_vs_medusa.svg"
 REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster

@@ -5,6 +5,7 @@ verify -> accept -> cache update) -> :class:`~clover.trace.StepTrace` records ->
 app, benchmark, notebooks. Importing this package does no work and needs no Gradio.
 """
 from clover.acceptance import SamplingConfig
+from clover.assets import assets_dir
 from clover.engine import ALL_METHODS, Engine, engine_for
 from clover.heads import HeadConfig, load_heads, new_heads
 from clover.lookup import LookupConfig
@@ -14,4 +15,4 @@ from clover.tree import TreeConfig, parse_tree_spec
 
 __all__ = ["Engine", "engine_for", "ALL_METHODS", "LookupConfig", "SamplingConfig", "TreeConfig",
            "parse_tree_spec", "HeadConfig", "load_heads", "new_heads", "TargetModel", "load_target",
-           "encode_prompt", "GenerationResult", "StepTrace", "TreeNode"]
+           "encode_prompt", "GenerationResult", "StepTrace", "TreeNode", "assets_dir"]

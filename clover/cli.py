@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="build a self-distillation set: the target's own answers")
     d.add_argument("--model", default=None, help="target (default: embedded model)")
-    d.add_argument("--prompts", default=str(_assets() / "prompts" / "train.jsonl"),
-                   help="Spec-Bench-format JSONL (question_id, category, turns)")
+    d.add_argument("--prompts", default=None,
+                   help="Spec-Bench-format JSONL (question_id, category, turns; default: "
+                        "the shipped prompts/train.jsonl)")
     d.add_argument("--out", default=None, help="output folder (resumes when it exists)")
     d.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy")
     d.add_argument("--max-new-tokens", type=_positive_int, default=256)
@@ -136,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default=None, help="target (default: embedded model)")
     b.add_argument("--medusa-heads", default=None, help="default: shipped or fresh heads")
     b.add_argument("--clover-heads", default=None, help="default: shipped or fresh heads")
-    b.add_argument("--prompts", default=str(_assets() / "prompts" / "heldout.jsonl"),
-                   help="Spec-Bench-format JSONL (default: the project's held-out set)")
+    b.add_argument("--prompts", default=None,
+                   help="Spec-Bench-format JSONL (default: the project's held-out set, the "
+                        "shipped prompts/heldout.jsonl)")
     b.add_argument("--max-prompts", type=_positive_int, default=None)
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
@@ -153,9 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _assets():
-    from clover.heads import ASSETS_DIR
-    return ASSETS_DIR
+def _shipped_prompts(name: str) -> str:
+    """A prompt file shipped in ``clover.assets_dir() / "prompts"``."""
+    from clover.assets import assets_dir
+
+    return str(assets_dir() / "prompts" / name)
 
 
 def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
@@ -219,18 +223,19 @@ def cmd_data(args) -> int:
     cfg = DataConfig(temperatures=temps, max_new_tokens=args.max_new_tokens,
                      batch_size=args.batch_size, batch_tokens=args.batch_tokens, seed=args.seed,
                      max_prompts=args.max_prompts)
+    prompts = args.prompts or _shipped_prompts("train.jsonl")
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     if not args.speed_check and not args.out:
         raise ValueError("give --out (the data folder) or --speed-check N")
     if args.speed_check:
         from clover.data import measure_speed
 
-        print(json.dumps(measure_speed(target, args.prompts, args.speed_check,
+        print(json.dumps(measure_speed(target, prompts, args.speed_check,
                                        max_new_tokens=args.max_new_tokens,
                                        batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                                        seed=args.seed)))
         return 0
-    n = build_dataset(target, args.prompts, args.out, cfg)
+    n = build_dataset(target, prompts, args.out, cfg)
     print(json.dumps({"out": args.out, "records": n}))
     return 0
 
@@ -256,7 +261,7 @@ def cmd_prompts(args) -> int:
     exclude = args.exclude
     if exclude is None:
         spec = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
-        exclude = [p for p in (spec, _assets() / "prompts" / "heldout.jsonl") if p.is_file()]
+        exclude = [p for p in (spec, Path(_shipped_prompts("heldout.jsonl"))) if p.is_file()]
     magpie = []
     if args.magpie:
         path = Path(args.magpie_file) if args.magpie_file else None
@@ -338,7 +343,7 @@ def cmd_bench(args) -> int:
         if kind:
             trees.setdefault(kind, engines[m].tree)
     engines = {m: engines[m] for m in cfg.methods}
-    results = run_bench(target, engines, args.prompts, args.out, cfg,
+    results = run_bench(target, engines, args.prompts or _shipped_prompts("heldout.jsonl"), args.out, cfg,
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
                                                     if e.heads is not None and e.tree.kind == "dynamic"},

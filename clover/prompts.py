@@ -273,7 +273,7 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
         out: the JSONL file to write.
         sharegpt: how many ShareGPT conversations (None = all, 0 = none).
         templated: how many templated prompts from ``templated_path`` (default: the
-            project's ``assets/prompts/train.jsonl``).
+            shipped ``prompts/train.jsonl`` in :func:`clover.assets.assets_dir`).
         magpie: Magpie prompts (:func:`magpie_prompts`) to include.
         exclude: Spec-Bench-format files that no prompt may overlap.
     Returns:
@@ -287,7 +287,9 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
         rows += [{"question_id": k, "category": "sharegpt", "turns": v}
                  for k, v in list(turns.items())[:sharegpt]]
     if templated:
-        path = templated_path or Path(__file__).resolve().parent.parent / "assets" / "prompts" / "train.jsonl"
+        from clover.assets import assets_dir
+
+        path = templated_path or assets_dir() / "prompts" / "train.jsonl"
         rows += interleave_categories(read_prompts(path))[:templated]
     rows += list(magpie or [])
     kept, dropped = overlap_filter(rows, reference_texts(exclude))

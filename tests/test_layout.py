@@ -1,8 +1,12 @@
-"""The shape of the project: packaging metadata that agrees with the pinned requirements."""
+"""The shape of the project: packaging metadata that agrees with the pinned requirements,
+shipped assets found through one function."""
 from __future__ import annotations
 
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -47,3 +51,44 @@ def test_pyproject_declares_what_the_requirements_files_pin():
     # the test extra pulls the app and training extras
     assert "clover-studio[app,train]" in extras["test"]
     assert project["scripts"]["clover"] == "clover.cli:main"
+
+
+def test_assets_dir_finds_the_checkout_and_honours_the_variable(tmp_path, monkeypatch):
+    from clover import assets_dir
+
+    monkeypatch.delenv("CLOVER_ASSETS_DIR", raising=False)
+    assert assets_dir() == ROOT / "assets"
+    monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
+    assert assets_dir() == tmp_path
+    monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="CLOVER_ASSETS_DIR"):
+        assets_dir()
+
+
+def test_assets_dir_says_where_it_looked(monkeypatch):
+    import clover.assets
+
+    monkeypatch.delenv("CLOVER_ASSETS_DIR", raising=False)
+    monkeypatch.setattr(clover.assets, "__file__", "/nowhere/clover/assets.py")
+    monkeypatch.setattr(clover.assets, "INSTALLED", Path("no-such-share"))
+    with pytest.raises(FileNotFoundError, match="/nowhere/assets.*CLOVER_ASSETS_DIR"):
+        clover.assets.assets_dir()
+
+
+def test_every_shipped_asset_goes_into_the_wheel():
+    """pyproject's data-files name a folder per line: a new asset folder needs its line."""
+    data_files = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["setuptools"]["data-files"]
+    covered = set()
+    for dest, patterns in data_files.items():
+        assert dest.startswith("share/clover-studio/assets")
+        for pattern in patterns:
+            for path in ROOT.glob(pattern):
+                # installed at the same place relative to the assets folder
+                assert dest + "/" + path.name == "share/clover-studio/" + path.relative_to(ROOT).as_posix()
+                covered.add(path)
+    tracked = subprocess.run(["git", "ls-files", "assets"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert tracked, "git ls-files found no assets"
+    missing = [p for p in tracked if ROOT / p not in covered]
+    assert not missing, f"assets not in pyproject's data-files: {missing}"
