@@ -23,6 +23,7 @@ deterministic proposals, so greedy and lossless sampling acceptance stay exact
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -178,28 +179,94 @@ class LookupDrafter:
             self.pending = None
         self.index.extend(tokens)
 
-    def propose(self, root_token: int, max_len: int) -> tuple[list[int], float]:
-        """The chain to draft after ``root_token`` (possibly empty) and the acceptance
-        rate it was sized with."""
+    def candidates(self, root_token: int, max_len: int) -> tuple[list[int], int]:
+        """The continuation an earlier occurrence proposes after ``root_token`` (up to
+        ``max_len`` and ``max_tokens`` tokens; [] when nothing matched) and the matched n.
+        Call :meth:`commit` with what was drafted of it before the next step."""
         if self.shadow is not None:  # nothing was accepted: the root is the next token
             self._score_shadow(root_token)
-        chain, n = self.index.find(root_token, min(max_len, self.cfg.max_tokens), self.cfg.prefer)
+        return self.index.find(root_token, min(max_len, self.cfg.max_tokens), self.cfg.prefer)
+
+    def commit(self, chain: Sequence[int], n: int, drafted: int) -> None:
+        """Record that the first ``drafted`` tokens of ``chain`` (from :meth:`candidates`,
+        matched with an n-gram of ``n``) went into this step's tree, so that the next
+        :meth:`observe` scores them; a chain not drafted at all still scores its first
+        token (a shadow), so the rate of a tail that was too uncertain to draft can rise."""
+        self.pending = (list(chain[:drafted]), n) if drafted else None
+        self.shadow = (int(chain[0]), n) if chain and not drafted else None
+
+    def propose(self, root_token: int, max_len: int) -> tuple[list[int], float]:
+        """The chain to draft after ``root_token`` (possibly empty), sized by
+        :func:`best_length`, and the acceptance rate it was sized with."""
+        chain, n = self.candidates(root_token, max_len)
         if not chain:
             return [], 0.0
         rate = self.rate(n)
-        kept = chain[:best_length(self.cfg.costs, rate, len(chain))]
-        self.pending = (kept, n) if kept else None
-        if not kept:
-            self.shadow = (chain[0], n)
-        return kept, rate
+        kept = best_length(self.cfg.costs, rate, len(chain))
+        self.commit(chain, n, kept)
+        return chain[:kept], rate
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         chain, rate = self.propose(root_token, max_depth)
-        if not chain:
-            return root_only(root_token)
-        n = len(chain)
-        return Tree(torch.tensor([root_token] + chain), list(range(-1, n)), list(range(n + 1)),
-                    [1.0] + [rate] * n, ["root"] + [LOOKUP] * n)
+        return chain_tree(root_token, chain, rate)
+
+
+def chain_tree(root_token: int, chain: Sequence[int], rate: float) -> Tree:
+    """The root followed by a lookup ``chain`` (each node's draft probability ``rate``);
+    just the root when the chain is empty."""
+    if not chain:
+        return root_only(root_token)
+    n = len(chain)
+    return Tree(torch.tensor([root_token, *chain]), list(range(-1, n)), list(range(n + 1)),
+                [1.0] + [rate] * n, ["root"] + [LOOKUP] * n)
+
+
+def verify_ms(costs: Sequence[float], nodes: float) -> float:
+    """Verify time in ms of a tree of ``nodes`` tokens (root included; a mean may be
+    fractional) from the cost curve ``costs`` (ms for 1, 2, ... tokens): interpolated
+    between its points and extended linearly past its end."""
+    if nodes <= 1:
+        return costs[0]
+    if nodes <= len(costs):
+        lo = int(nodes)
+        frac = nodes - lo
+        return costs[lo - 1] if not frac else costs[lo - 1] * (1 - frac) + costs[lo] * frac
+    slope = (costs[-1] - costs[0]) / (len(costs) - 1) if len(costs) > 1 else costs[0]
+    return costs[-1] + (nodes - len(costs)) * slope
+
+
+def plan_step(costs: Sequence[float], rate: float, chain_len: int, head_gain: float,
+              head_nodes: float, head_ms: float) -> tuple[bool, int]:
+    """What a hybrid step drafts: ``(draft the heads?, lookup tokens)``, whichever of
+    the heads' tree alone, the lookup chain alone (the heads skip drafting) or both
+    promises the most tokens per ms on this machine.
+
+    Expected tokens per step: ``1 + head_gain`` for the heads' tree; ``1 + E(L)`` with
+    ``E(L) = rate + rate^2 + ... + rate^L`` for L lookup tokens; ``1 + E(L) + (1 - rate)
+    * head_gain`` for both (the heads' own path pays off only when the chain's first
+    token is rejected). Time per step: the verify cost of the tree's nodes
+    (:func:`verify_ms`) plus ``head_ms`` whenever the heads draft.
+
+    Args:
+        costs: verify cost curve in ms for 1, 2, ... tokens (non-empty).
+        rate: lookup acceptance rate per token of this chain's matched n, in [0, 1].
+        chain_len: lookup tokens available (0 = no match).
+        head_gain: the heads' expected accepted drafts per step (their running mean).
+        head_nodes: the heads' drafted nodes per step (running mean).
+        head_ms: the heads' drafting time per step in ms (running mean).
+    Returns:
+        (True, 0) heads only, (False, L) lookup only, (True, L) both.
+    """
+    best, plan = (1 + head_gain) / (verify_ms(costs, 1 + head_nodes) + head_ms), (True, 0)
+    expected = 0.0
+    for n in range(1, chain_len + 1):
+        expected += rate ** n
+        alone = (1 + expected) / verify_ms(costs, 1 + n)
+        both = (1 + expected + (1 - rate) * head_gain) / (verify_ms(costs, 1 + head_nodes + n) + head_ms)
+        for speed, choice in ((alone, (False, n)), (both, (True, n))):
+            if speed > best:
+                best, plan = speed, choice
+    return plan
 
 
 def _joint(tree_parents: list[int], probs: list[float]) -> list[float]:
@@ -262,27 +329,68 @@ def merge_branch(tree: Tree, chain: Sequence[int], prob: float, budget: int) -> 
 
 
 class HybridDrafter:
-    """Medusa's or Clover's drafter plus a lookup branch in the same tree, within the
-    heads' node budget (see :func:`merge_branch`)."""
+    """Medusa's or Clover's drafter plus a lookup branch in the same tree.
 
-    def __init__(self, inner, lookup: LookupDrafter, budget: int):
+    With a verify cost curve (``LookupConfig.costs``) each step takes the heads' tree,
+    the lookup chain (the heads then skip drafting) or both, by expected tokens per ms
+    (:func:`plan_step`): a sure, long match drafts a long chain even when the heads'
+    budget is one node, and a weak one leaves the heads alone. The heads' expected gain
+    is their running mean of accepted drafts, counted on their own tree whatever the
+    merged tree was (exact under greedy decoding), from a prior of ``head_gain``; their
+    drafting time is measured here. Without costs, the chain is merged within the
+    heads' node budget (:func:`merge_branch`).
+    """
+
+    PRIOR_STEPS = 8  # weight of the head_gain prior, in steps
+
+    def __init__(self, inner, lookup: LookupDrafter, budget: int, head_gain: float = 0.3):
         self.inner, self.lookup, self.budget = inner, lookup, budget
+        self.costs = lookup.cfg.costs
+        self.gain = [head_gain * self.PRIOR_STEPS, self.PRIOR_STEPS]  # accepted drafts, steps
+        self.nodes = [float(budget), 1]  # drafted nodes, trees
+        self.draft_ms = [0.0, 0]  # ms, drafts
+        self.last_heads: Tree | None = None  # the heads' own tree of the last step
+        self.accepted: list[int] = []  # the drafts accepted in the last step
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
         self.inner.observe(hidden_pre, hidden_post, tokens)
         self.lookup.observe(hidden_pre, hidden_post, tokens)
+        self.accepted = [int(t) for t in tokens[1:]]
+
+    def _heads(self, root_token: int, max_depth: int) -> Tree:
+        t = time.perf_counter()
+        tree = self.inner.draft(root_token, max_depth)
+        self.draft_ms[0] += (time.perf_counter() - t) * 1e3
+        self.draft_ms[1] += 1
+        self.nodes[0] += len(tree) - 1
+        self.nodes[1] += 1
+        self.last_heads = tree
+        return tree
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
-        tree = self.inner.draft(root_token, max_depth)
-        chain, rate = self.lookup.propose(root_token, min(max_depth, self.budget))
-        if not chain:
+        if self.last_heads is not None:  # what the heads alone would have had accepted
+            self.gain[0] += _chain_in(self.last_heads, self.accepted + [int(root_token)])
+            self.gain[1] += 1
+            self.last_heads = None
+        chain, n = self.lookup.candidates(root_token, max_depth)
+        rate = self.lookup.rate(n) if chain else 0.0
+        if not self.costs:  # no cost curve: the chain shares the heads' budget
+            tree = self._heads(root_token, max_depth)
+            chain = chain[:self.budget]
+            merged = merge_branch(tree, chain, rate, max(self.budget, len(tree) - 1)) if chain else tree
+            self.lookup.commit(chain, n, _chain_in(merged, chain))
+            return merged
+        use_heads, length = plan_step(
+            self.costs, rate, len(chain), self.gain[0] / self.gain[1],
+            self.nodes[0] / self.nodes[1], self.draft_ms[0] / max(self.draft_ms[1], 1))
+        self.lookup.commit(chain, n, length)
+        if not use_heads:
+            return chain_tree(root_token, chain[:length], rate)
+        tree = self._heads(root_token, max_depth)
+        if not length:
             return tree
-        merged = merge_branch(tree, chain, rate, max(self.budget, len(tree) - 1))
-        # score the lookup drafter on the chain as it survived the budget
-        kept = _chain_in(merged, chain)
-        self.lookup.pending = (chain[:kept], self.lookup.pending[1]) if kept else None
-        return merged
+        return merge_branch(tree, chain[:length], rate, len(tree) - 1 + length)
 
 
 def _chain_in(tree: Tree, chain: Sequence[int]) -> int:

@@ -7,7 +7,7 @@ import torch
 
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
 from clover.lookup import (LookupConfig, LookupDrafter, NgramIndex, best_length, find_continuation,
-                           merge_branch)
+                           merge_branch, plan_step, verify_ms)
 from clover.tree import ancestor_matrix
 from conftest import path_tokens, perturb, tiny_target, tree_from_levels
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
@@ -147,6 +147,60 @@ def test_lookup_and_hybrids_equal_plain_greedy(arch):
             budget = 6 if spec.startswith("dynamic") else 7
             assert all(len(s.nodes) - 1 <= budget for s in res.steps)
             assert {n.source for s in res.steps for n in s.nodes} >= {"root", "head"}
+
+
+CPU_COSTS = (33.0, 34.0, 40.0, 44.0, 50.0, 55.0, 61.0, 65.0, 70.0)  # ms per 1..9 tokens, this CPU
+
+
+def test_verify_ms_extends_the_curve_linearly():
+    assert verify_ms((10.0, 12.0, 14.0), 2) == 12.0
+    assert verify_ms((10.0, 12.0, 14.0), 5) == 18.0  # slope 2 ms per token past the end
+    assert verify_ms((10.0,), 3) == 30.0  # one point: each token as dear as the first
+    assert verify_ms((10.0, 12.0, 14.0), 1.5) == 11.0  # a mean tree size: interpolated
+
+
+def test_plan_step_picks_the_fastest_tree():
+    # no match: the heads' tree
+    assert plan_step(CPU_COSTS, 0.0, 0, 0.3, 1, 4.0) == (True, 0)
+    # a weak match on a CPU: an extra node costs more than it brings, the heads alone
+    assert plan_step(CPU_COSTS, 0.2, 3, 0.4, 1, 4.0) == (True, 0)
+    # a sure match: a long chain, and the heads skip drafting
+    heads, length = plan_step(CPU_COSTS, 0.95, 8, 0.3, 1, 4.0)
+    assert not heads and length >= 4
+    # flat costs (a GPU): everything fits, the heads come along when they bring something
+    flat = (10.0,) * 12
+    assert plan_step(flat, 0.5, 6, 0.8, 2, 0.1) == (True, 6)
+    # heads that cost more to draft than they bring: lookup alone
+    assert plan_step(flat, 0.5, 6, 0.01, 2, 5.0) == (False, 6)
+    # each choice really is the best of all (heads?, L) by the documented formula
+    for rate, gain, ms in ((0.6, 0.3, 4.0), (0.8, 0.5, 8.0), (0.3, 0.6, 1.0)):
+        def speed(h, n):
+            e = sum(rate ** k for k in range(1, n + 1))
+            if not h:
+                return (1 + e) / verify_ms(CPU_COSTS, 1 + n)
+            return (1 + e + (1 - rate) * gain if n else 1 + gain) / (verify_ms(CPU_COSTS, 2 + n) + ms)
+        options = [(True, 0)] + [(h, n) for n in range(1, 7) for h in (False, True)]
+        best = max(speed(*o) for o in options)
+        assert speed(*plan_step(CPU_COSTS, rate, 6, gain, 1, ms)) == pytest.approx(best)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_hybrid_with_costs_drafts_past_the_head_budget_and_stays_exact(arch):
+    """With a cost curve, a sure match drafts a chain longer than the heads' one-node
+    budget, and lookup-only steps skip the heads; greedy output is still plain's."""
+    target = tiny_target(arch)
+    plain = Engine(target).generate(REPETITIVE, 40)
+    flat = LookupConfig(max_tokens=4, costs=(10.0,) * 5)  # verifying more costs nothing
+    for kind in ("medusa", "clover"):
+        heads = perturb(new_heads(kind, target), 0.1)
+        eng = Engine(target, heads, parse_tree_spec("dynamic:budget=1,topk=1"), lookup=flat)
+        res = eng.generate(REPETITIVE, 40)
+        assert res.token_ids == plain.token_ids, kind
+        lookup_nodes = [sum(n.source in ("lookup", "both") for n in s.nodes) for s in res.steps]
+        assert max(lookup_nodes) > 1  # past the heads' budget of 1
+        sources = [{n.source for n in s.nodes} for s in res.steps]
+        assert any("head" not in s and "both" not in s and "lookup" in s for s in sources)
+        assert all(len(s.nodes) - 1 <= 1 + 4 for s in res.steps)  # heads' budget + the chain
 
 
 def test_lookup_accepts_copied_text():
