@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from clover.acceptance import SamplingConfig
-from clover.data import interleave_categories, read_prompts
 from clover.engine import Engine
 from clover.methods import ALL_METHODS, METHOD_COLORS
+from clover.prompts import interleave_categories, read_prompts
 from clover.trace import GenerationResult
 
 log = logging.getLogger(__name__)

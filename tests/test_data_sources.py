@@ -78,7 +78,7 @@ def test_prompt_mix_writes_sharegpt_by_reference(tmp_path, monkeypatch):
               "sharegpt:y_0": ["What is the capital of France?", "And of Spain?"]}
     monkeypatch.setattr(clover.prompts, "sharegpt_turns", lambda *a, **k: dict(secret))
     monkeypatch.setattr(clover.prompts, "sharegpt_licence", lambda: "none declared")
-    monkeypatch.setattr(clover.data, "_SHAREGPT", dict(secret))
+    monkeypatch.setattr(clover.prompts, "_SHAREGPT", dict(secret))
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"question_id": 9, "turns": ["What is the capital of France?"]}) + "\n")
     magpie = [{"question_id": "magpie:0:1", "category": "magpie", "turns": ["Tell me a fun fact about owls."]}]
@@ -91,7 +91,7 @@ def test_prompt_mix_writes_sharegpt_by_reference(tmp_path, monkeypatch):
 
     target = tiny_target("llama", eos=1)
     # the tiny tokenizer knows words t0..t95: give the ShareGPT prompt such words
-    monkeypatch.setattr(clover.data, "_SHAREGPT", {"sharegpt:x_0": ["t5 t6 t7", "t8 t9"]})
+    monkeypatch.setattr(clover.prompts, "_SHAREGPT", {"sharegpt:x_0": ["t5 t6 t7", "t8 t9"]})
     (tmp_path / "p.jsonl").write_text(json.dumps({"question_id": "sharegpt:x_0", "category": "sharegpt"}) + "\n")
     build_dataset(target, tmp_path / "p.jsonl", tmp_path / "data", DataConfig(max_new_tokens=6), progress=False)
     stored = next(read_records(tmp_path / "data"))
