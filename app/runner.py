@@ -326,23 +326,6 @@ _MODELS_LOCK = threading.Lock()
 _MAX_EXTRA_MODELS = 2  # models loaded from the settings, beyond the app's default
 
 
-def _heads_folder(heads_dir: str | None, kind: str) -> Path | None:
-    """The folder holding ``kind`` heads: ``heads_dir`` itself when it holds heads of that
-    kind, or its ``kind`` subfolder (e.g. assets/heads/clover)."""
-    from clover.heads.base import CONFIG_FILE, DraftHeads
-
-    if not heads_dir:
-        return None
-    root = Path(heads_dir).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"the heads folder {heads_dir} does not exist")
-    if (root / kind / CONFIG_FILE).is_file():
-        return root / kind
-    if (root / CONFIG_FILE).is_file() and DraftHeads.read_config(root).kind == kind:
-        return root
-    return None
-
-
 def target_label(target, model: str | None) -> str:
     """The model's name as the banner shows it: the default model says whether it is the
     embedded GGUF copy or the same model from the hub (as on a Space)."""
@@ -360,14 +343,19 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medus
     Raises:
         ValueError: a missing folder, or heads that do not fit the target.
     """
-    from clover.heads import heads_for
+    from clover.heads import find_heads, heads_for
 
     heads, sources = {}, {}
-    if heads_dir and not any(_heads_folder(heads_dir, k) for k in ("medusa", "clover")):
+    try:
+        folders = {k: find_heads(heads_dir, k) if heads_dir else None
+                   for k in {"medusa", "clover", *kinds}}
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    if heads_dir and not any(folders[k] for k in ("medusa", "clover")):
         raise ValueError(f"{heads_dir} holds no Medusa or Clover heads (expected config.json "
                          f"and model.safetensors, or medusa/ and clover/ subfolders)")
     for kind in kinds:
-        folder = _heads_folder(heads_dir, kind)
+        folder = folders[kind]
         heads[kind], sources[kind] = heads_for(kind, target, str(folder) if folder else None, num_heads)
     return heads, sources
 

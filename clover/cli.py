@@ -162,13 +162,6 @@ def _shipped_prompts(name: str) -> str:
     return str(assets_dir() / "prompts" / name)
 
 
-def load_method(method: str, target, heads_dir: str | None, num_heads: int = 3):
-    """Heads for ``method`` ("ar" -> None), as :func:`clover.heads.heads_for` decides."""
-    from clover.heads import heads_for
-
-    return heads_for(method, target, heads_dir, num_heads)[0]
-
-
 def lookup_method(method: str, lookup: bool) -> str:
     """``--method clover --lookup`` -> "clover+lookup" (``clover.methods.with_lookup``).
 

@@ -242,14 +242,14 @@ def step_prediction(costs: dict) -> dict:
 def measure_tau(out_file: Path) -> None:
     """Accepted length per budget of the shipped heads on the embedded model (CPU)."""
     from clover.autotree import auto_tree
-    from clover.cli import load_method
+    from clover.heads import heads_for
     from clover.models import load_target
 
     target = load_target(None, device="cpu")
     result = {"source": "clover.autotree calibration prompts, embedded SmolLM2-135M-Instruct on "
                         f"CPU, shipped heads ({platform.processor() or platform.machine()})"}
     for kind in ("medusa", "clover"):
-        _, report = auto_tree(target, load_method(kind, target, None), repeats=1)
+        _, report = auto_tree(target, heads_for(kind, target)[0], repeats=1)
         result[kind] = {str(b): round(t, 4) for b, t in zip(report.budgets, report.tau)}
     out_file.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out_file}")

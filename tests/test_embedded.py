@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from clover import Engine, encode_prompt, new_heads, parse_tree_spec
-from clover.cli import load_method
+from clover.heads import heads_for
 from conftest import ScriptedHeads, oracle_tree_fn, perturb
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_heads_parity_on_embedded(embedded, references, kind, spec):
 @pytest.mark.parametrize("kind", ["medusa", "clover"])
 def test_default_heads_parity_on_embedded(embedded, references, kind):
     """The CLI's default heads (shipped ones when present) keep greedy output."""
-    engine = Engine(embedded, load_method(kind, embedded, None), parse_tree_spec("dynamic"))
+    engine = Engine(embedded, heads_for(kind, embedded)[0], parse_tree_spec("dynamic"))
     for p, (ids, ref) in list(references.items())[:3]:
         assert_same_or_near_tie(embedded, ids, engine.generate(ids, N).token_ids, ref)
 

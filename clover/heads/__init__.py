@@ -5,8 +5,8 @@ import logging
 from pathlib import Path
 
 from clover.cpu_linear import use_few_row_linears
-from clover.heads.base import (DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits,
-                               fingerprint_matches)
+from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter,
+                               check_fits, fingerprint_matches)
 from clover.heads.clover import CloverHeads
 from clover.heads.clover2 import Clover2Heads
 from clover.heads.medusa import MedusaHeads
@@ -62,7 +62,7 @@ def _build(cfg: HeadConfig, target) -> DraftHeads:
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
            "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
-           "shipped_heads_dir"]
+           "shipped_heads_dir", "find_heads"]
 
 
 def shipped_heads_dir(kind: str) -> Path | None:
@@ -76,6 +76,24 @@ def shipped_heads_dir(kind: str) -> Path | None:
     except FileNotFoundError:
         return None
     return path if (path / "config.json").is_file() else None
+
+
+def find_heads(heads_dir: str | Path, kind: str) -> Path | None:
+    """The folder under ``heads_dir`` that holds ``kind`` heads: ``heads_dir`` itself when
+    it holds heads of that kind, or its ``kind`` subfolder (as ``assets/heads/`` holds
+    ``medusa/`` and ``clover/``); None when neither does.
+
+    Raises:
+        FileNotFoundError: ``heads_dir`` is not a folder.
+    """
+    root = Path(heads_dir).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"the heads folder {heads_dir} does not exist")
+    if (root / kind / CONFIG_FILE).is_file():
+        return root / kind
+    if (root / CONFIG_FILE).is_file() and DraftHeads.read_config(root).kind == kind:
+        return root
+    return None
 
 
 SHIPPED = "trained, shipped with the app"
