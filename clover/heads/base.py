@@ -23,10 +23,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from clover.cpu_linear import few_row_linear
-from clover.tree import Tree, TreeConfig, root_only
+from clover.tree import Tree, TreeConfig, grow_tree, root_only
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# every kind of draft heads; the classes are picked in ``clover.heads``
+HEAD_KINDS = ("medusa", "clover")
+# Augmenting Block layers per kind when a config leaves ``augment_layers`` at 0
+DEFAULT_AUGMENT_LAYERS = {"clover": 1}
 
 
 @dataclass
@@ -34,7 +38,7 @@ class HeadConfig:
     """Sizes and provenance of a set of draft heads (saved as ``config.json``).
 
     Attributes:
-        kind: "medusa" or "clover".
+        kind: "medusa" or "clover" (:data:`HEAD_KINDS`).
         num_heads: K, tokens drafted beyond the root (depth of the tree).
         hidden_size: D of the target.
         vocab_size: V of the target.
@@ -43,7 +47,15 @@ class HeadConfig:
         num_attention_heads: Clover's Attention Decoder heads (H); ignored by Medusa.
         own_lm_head: Medusa only: give each head its own vocabulary projection instead
             of sharing the frozen lm_head.
-        norm_eps: epsilon of Clover's RMSNorm.
+        norm_eps: epsilon of Clover's RMSNorm (Clover-2: of its norms and of the Attention
+            Decoders' cosine gates).
+        augment_layers: Clover and Clover-2: decoder layers in the Augmenting Block; 0 (the
+            default) resolves to the kind's own (:data:`DEFAULT_AUGMENT_LAYERS`: Clover 1);
+            Medusa has none.
+        augment_config: Clover and Clover-2: fields of the target's transformers config
+            that the Augmenting Block sets otherwise, e.g. the released Clover-2
+            checkpoints' RoPE base 10000 and their own ``rms_norm_eps``
+            (``{"rope_parameters": {...}, "rms_norm_eps": 1e-6}``); empty = the target's.
         draft_vocab_size: V', heads draft only among these many tokens (the most
             frequent in the training data; their ids are saved with the weights), which
             cuts the vocabulary projection, the largest drafting cost, by V / V'
@@ -63,11 +75,17 @@ class HeadConfig:
     own_lm_head: bool = False
     norm_eps: float = 1e-6
     draft_vocab_size: int = 0
+    augment_layers: int = 0
+    augment_config: dict = field(default_factory=dict)
     target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.kind not in ("medusa", "clover"):
-            raise ValueError(f"unknown head kind {self.kind!r}; use 'medusa' or 'clover'")
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"unknown head kind {self.kind!r}; use one of {', '.join(HEAD_KINDS)}")
+        if self.augment_layers < 0:
+            raise ValueError(f"augment_layers must be >= 0, got {self.augment_layers}")
+        if self.augment_layers == 0:
+            self.augment_layers = DEFAULT_AUGMENT_LAYERS.get(self.kind, 0)
         if self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
         if self.draft_vocab_size < 0 or (self.vocab_size and self.draft_vocab_size > self.vocab_size):
@@ -161,6 +179,34 @@ class PlainDrafter:
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         return root_only(root_token)
+
+
+def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_token: int,
+                        root_state: torch.Tensor, max_depth: int) -> Tree:
+    """The candidate tree of heads that carry a state down each branch (Clover, Clover-2).
+
+    A node's state is ``heads.step(parent's state, the node's token, depth)``; the
+    root's parent state is ``root_state``. Each depth calls the step once, batched over
+    the expanded nodes: ``heads.step(prev (n, D), tokens (n,) long, depth, target)``
+    returns their states (n, D) and draft logits (n, V') for their children. The tree
+    grows by :func:`clover.tree.grow_tree` (static or dynamic), at most
+    ``heads.config.num_heads`` deep.
+
+    Args:
+        root_state: (D,) the state the root's step starts from.
+    """
+    states: dict[int, torch.Tensor] = {}  # node id -> that node's state
+    device = root_state.device
+
+    def expand(depth, node_ids, parent_ids, tokens):
+        prev = torch.stack([root_state if p < 0 else states[p] for p in parent_ids])  # (n, D)
+        h, logits = heads.step(prev, torch.tensor(tokens, device=device), depth, target)
+        for i, nid in enumerate(node_ids):
+            states[nid] = h[i]
+        return torch.softmax(logits.float(), dim=-1)  # (n, V')
+
+    return grow_tree(root_token, tree, expand, min(max_depth, heads.config.num_heads),
+                     heads.draft_vocab)
 
 
 class DraftHeads(nn.Module):

@@ -27,23 +27,27 @@ import copy
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, ResBlock
+from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_recurrent_tree
 from clover.models import decoder_layers, final_norm_name
-from clover.tree import Tree, TreeConfig, grow_tree, root_only
+from clover.tree import Tree, TreeConfig, root_only
 
 
-def build_augmenting_block(target_config) -> nn.Module:
-    """A one-layer base model of the target's architecture, fed with hidden states.
+def build_augmenting_block(target_config, num_layers: int = 1, overrides: dict | None = None) -> nn.Module:
+    """A base model of the target's architecture with ``num_layers`` decoder layers (each
+    of the kind of the target's last one), fed with hidden states.
 
-    Call it as ``block(inputs_embeds=h, position_ids=..., cache=..., use_cache=True)``;
-    ``last_hidden_state`` is the layer's output (no final norm).
+    ``overrides``: config fields set otherwise than the target's (``HeadConfig.augment_config``).
+    Call it through :func:`run_augmenting_block`; ``last_hidden_state`` is the last
+    layer's output (no final norm).
     """
     from transformers import AutoModel
 
     cfg = copy.deepcopy(target_config)
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = num_layers
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = list(cfg.layer_types)[-1:]
+        cfg.layer_types = [cfg.layer_types[-1]] * num_layers
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
     cfg.vocab_size = 1  # the block is fed hidden states, never token ids
     cfg.pad_token_id = None
     cfg.tie_word_embeddings = False
@@ -57,34 +61,63 @@ def build_augmenting_block(target_config) -> nn.Module:
     return block
 
 
+def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
+    """Run an Augmenting Block causally over new positions.
+
+    Args:
+        hidden: (B, T, D) its input at positions ``start .. start + T - 1``.
+        cache: the block's own DynamicCache (``start`` positions cached), or None.
+    Returns:
+        (B, T, D) the last layer's output.
+    """
+    b, t, _ = hidden.shape
+    pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
+    out = block(inputs_embeds=hidden, position_ids=pos, cache=cache, use_cache=cache is not None)
+    return out.last_hidden_state
+
+
+def copy_last_layer(block: nn.Module, target) -> None:
+    """Initialise every layer of an Augmenting Block as a copy of the target's last
+    decoder layer (Clover §3.3)."""
+    src = decoder_layers(target.base)[-1].state_dict()
+    for layer in decoder_layers(block):
+        layer.load_state_dict(src)
+
+
 class AttentionDecoder(nn.Module):
     """Clover's Attention Decoder with cosine-gated single-key attention.
 
     Args:
         d: hidden size D.
         n_heads: attention heads H (D divisible by H).
+        eps: epsilon of the query's RMSNorm.
+        bias: biases on W_Q, W_K, W_V (Clover-2's ``ResAttentionBlock``; they start at 0).
+        gate_eps: epsilon of the cosine gate (Clover-2: the norm's).
     """
 
-    def __init__(self, d: int, n_heads: int, eps: float):
+    def __init__(self, d: int, n_heads: int, eps: float, bias: bool = False, gate_eps: float = 1e-8):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.gate_eps = n_heads, gate_eps
         self.norm = nn.RMSNorm(d, eps=eps)
-        self.w_q = nn.Linear(d, d, bias=False)
-        self.w_k = nn.Linear(d, d, bias=False)
-        self.w_v = nn.Linear(d, d, bias=False)
+        self.w_q = nn.Linear(d, d, bias=bias)
+        self.w_k = nn.Linear(d, d, bias=bias)
+        self.w_v = nn.Linear(d, d, bias=bias)
         with torch.no_grad():
             for w in (self.w_q, self.w_k):
                 w.weight.copy_(torch.eye(d) + 0.01 * torch.randn(d, d))
             nn.init.zeros_(self.w_v.weight)
+            if bias:
+                for w in (self.w_q, self.w_k, self.w_v):
+                    nn.init.zeros_(w.bias)
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """h: (n, D) previous state h_{i-1}; e: (n, D) token embedding -> (n, D) h_i."""
-        n, d = h.shape
-        q = self.w_q(self.norm(h)).view(n, self.n_heads, -1)  # (n, H, D/H)
-        k = self.w_k(e).view(n, self.n_heads, -1)
-        v = self.w_v(e).view(n, self.n_heads, -1)
-        gate = nn.functional.cosine_similarity(q, k, dim=-1).unsqueeze(-1)  # (n, H, 1)
-        return h + (gate * v).reshape(n, d)
+        """h: (..., D) previous state h_{i-1}; e: (..., D) token embedding -> (..., D) h_i."""
+        heads = (*h.shape[:-1], self.n_heads, -1)
+        q = self.w_q(self.norm(h)).view(heads)  # (..., H, D/H)
+        k = self.w_k(e).view(heads)
+        v = self.w_v(e).view(heads)
+        gate = nn.functional.cosine_similarity(q, k, dim=-1, eps=self.gate_eps).unsqueeze(-1)  # (..., H, 1)
+        return h + (gate * v).flatten(-2)
 
 
 class CloverHeads(DraftHeads):
@@ -100,14 +133,13 @@ class CloverHeads(DraftHeads):
     def __init__(self, config: HeadConfig, target_config):
         super().__init__(config)
         d = config.hidden_size
-        self.augment = build_augmenting_block(target_config)
+        self.augment = build_augmenting_block(target_config, config.augment_layers, config.augment_config)
         self.decoder = AttentionDecoder(d, config.num_attention_heads, config.norm_eps)
         self.mlps = nn.ModuleList([ResBlock(d) for _ in range(config.num_heads)])
 
     def init_from_target(self, target) -> "CloverHeads":
         """Copy the target's last decoder layer into the Augmenting Block."""
-        src = decoder_layers(target.base)[-1]
-        decoder_layers(self.augment)[0].load_state_dict(src.state_dict())
+        copy_last_layer(self.augment, target)
         return self.to(device=target.device, dtype=target.dtype)
 
     def augment_hidden(self, hidden_pre: torch.Tensor, cache, start: int) -> torch.Tensor:
@@ -120,11 +152,7 @@ class CloverHeads(DraftHeads):
         Returns:
             (B, T, D) h_0 per position.
         """
-        b, t, _ = hidden_pre.shape
-        pos = torch.arange(start, start + t, device=hidden_pre.device).unsqueeze(0).expand(b, -1)
-        out = self.augment(inputs_embeds=hidden_pre, position_ids=pos, cache=cache,
-                           use_cache=cache is not None)
-        return out.last_hidden_state
+        return run_augmenting_block(self.augment, hidden_pre, cache, start)
 
     def regressive_embedding(self, tokens: torch.Tensor, target) -> torch.Tensor:
         """e: L2-normalised lm_head rows, (...,) long -> (..., D)."""
@@ -167,15 +195,4 @@ class CloverDrafter:
     def draft(self, root_token: int, max_depth: int) -> Tree:
         if self.h0 is None:
             return root_only(root_token)
-        states: dict[int, torch.Tensor] = {}  # node id -> h_i after that node's token
-        device = self.h0.device
-
-        def expand(depth, node_ids, parent_ids, tokens):
-            prev = torch.stack([self.h0 if p < 0 else states[p] for p in parent_ids])  # (n, D)
-            h, logits = self.heads.step(prev, torch.tensor(tokens, device=device), depth, self.target)
-            for i, nid in enumerate(node_ids):
-                states[nid] = h[i]
-            return torch.softmax(logits.float(), dim=-1)  # (n, V)
-
-        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
-                         self.heads.draft_vocab)
+        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.h0, max_depth)
