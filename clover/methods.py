@@ -3,18 +3,23 @@ from __future__ import annotations
 
 # every decoding method, in display order; "+lookup" adds a prompt lookup branch to a
 # head method's tree (clover.lookup)
-ALL_METHODS = ("ar", "lookup", "medusa", "clover", "medusa+lookup", "clover+lookup")
+ALL_METHODS = ("ar", "lookup", "medusa", "clover", "clover2", "medusa+lookup", "clover+lookup",
+               "clover2+lookup")
+# the methods that decode with draft heads (clover.heads)
+HEAD_METHODS = ("medusa", "clover", "clover2")
 METHOD_LABELS = {"ar": "Plain", "lookup": "Lookup", "medusa": "Medusa", "clover": "Clover",
-                 "medusa+lookup": "Medusa + lookup", "clover+lookup": "Clover + lookup"}
+                 "clover2": "Clover-2", "medusa+lookup": "Medusa + lookup",
+                 "clover+lookup": "Clover + lookup", "clover2+lookup": "Clover-2 + lookup"}
 # Okabe-Ito colours (colour-blind safe), one per method, for every chart
 METHOD_COLORS = {"ar": "#999999", "lookup": "#009E73", "medusa": "#E69F00", "clover": "#0072B2",
-                 "medusa+lookup": "#D55E00", "clover+lookup": "#56B4E9"}
+                 "clover2": "#CC79A7", "medusa+lookup": "#D55E00", "clover+lookup": "#56B4E9",
+                 "clover2+lookup": "#000000"}
 
 
 def with_lookup(method: str, lookup: bool = True) -> str:
     """A head method with the lookup branch when ``lookup`` ("clover" ->
     "clover+lookup"); plain decoding, lookup alone and hybrids stay as they are."""
-    return f"{method}+lookup" if lookup and method in ("medusa", "clover") else method
+    return f"{method}+lookup" if lookup and method in HEAD_METHODS else method
 
 
 def split_method(method: str) -> tuple[str | None, bool]:

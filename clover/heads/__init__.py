@@ -1,4 +1,4 @@
-"""Draft heads: Medusa (baseline) and Clover, behind one ``drafter()`` interface."""
+"""Draft heads: Medusa (baseline), Clover and Clover-2, behind one ``drafter()`` interface."""
 from __future__ import annotations
 
 import logging
@@ -8,11 +8,12 @@ from clover.cpu_linear import use_few_row_linears
 from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter,
                                check_fits, fingerprint_matches)
 from clover.heads.clover import CloverHeads
+from clover.heads.clover2 import Clover2Heads
 from clover.heads.medusa import MedusaHeads
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ar", "medusa", "clover")
+METHODS = ("ar", "medusa", "clover", "clover2")
 
 
 def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config) -> DraftHeads:
@@ -52,11 +53,14 @@ def load_heads(path: str | Path, target) -> DraftHeads:
 
 def _build(cfg: HeadConfig, target) -> DraftHeads:
     """Uninitialised heads of ``cfg.kind`` whose linear layers take the few-row CPU path."""
-    heads = CloverHeads(cfg, target.config) if cfg.kind == "clover" else MedusaHeads(cfg)
+    if cfg.kind == "medusa":
+        heads = MedusaHeads(cfg)
+    else:  # the kinds with an Augmenting Block, built from the target's config
+        heads = {"clover": CloverHeads, "clover2": Clover2Heads}[cfg.kind](cfg, target.config)
     return use_few_row_linears(heads)
 
 
-__all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads",
+__all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
            "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
            "shipped_heads_dir", "find_heads"]
 
@@ -107,7 +111,7 @@ def heads_for(method: str, target, heads_dir: str | Path | None = None,
     with a warning.
 
     Args:
-        method: "ar" (returns ``(None, "")``), "medusa" or "clover".
+        method: "ar" (returns ``(None, "")``), "medusa", "clover" or "clover2".
         heads_dir: a folder holding heads saved with ``save_pretrained``.
     Returns:
         (heads or None, provenance): "loaded from DIR", "trained, shipped with the app"

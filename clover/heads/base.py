@@ -28,9 +28,9 @@ from clover.tree import Tree, TreeConfig, grow_tree, root_only
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # every kind of draft heads; the classes are picked in ``clover.heads``
-HEAD_KINDS = ("medusa", "clover")
+HEAD_KINDS = ("medusa", "clover", "clover2")
 # Augmenting Block layers per kind when a config leaves ``augment_layers`` at 0
-DEFAULT_AUGMENT_LAYERS = {"clover": 1}
+DEFAULT_AUGMENT_LAYERS = {"clover": 1, "clover2": 2}
 
 
 @dataclass
@@ -38,7 +38,7 @@ class HeadConfig:
     """Sizes and provenance of a set of draft heads (saved as ``config.json``).
 
     Attributes:
-        kind: "medusa" or "clover" (:data:`HEAD_KINDS`).
+        kind: "medusa", "clover" or "clover2" (:data:`HEAD_KINDS`).
         num_heads: K, tokens drafted beyond the root (depth of the tree).
         hidden_size: D of the target.
         vocab_size: V of the target.
@@ -50,8 +50,8 @@ class HeadConfig:
         norm_eps: epsilon of Clover's RMSNorm (Clover-2: of its norms and of the Attention
             Decoders' cosine gates).
         augment_layers: Clover and Clover-2: decoder layers in the Augmenting Block; 0 (the
-            default) resolves to the kind's own (:data:`DEFAULT_AUGMENT_LAYERS`: Clover 1);
-            Medusa has none.
+            default) resolves to the kind's own (:data:`DEFAULT_AUGMENT_LAYERS`: Clover 1,
+            Clover-2 2); Medusa has none.
         augment_config: Clover and Clover-2: fields of the target's transformers config
             that the Augmenting Block sets otherwise, e.g. the released Clover-2
             checkpoints' RoPE base 10000 and their own ``rms_norm_eps``
@@ -210,7 +210,7 @@ def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_toke
 
 
 class DraftHeads(nn.Module):
-    """Base class of Medusa and Clover heads: config, save/load, drafter factory."""
+    """Base class of Medusa, Clover and Clover-2 heads: config, save/load, drafter factory."""
 
     kind = ""
 

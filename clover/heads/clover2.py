@@ -1,0 +1,206 @@
+"""Clover-2 heads (Xiao et al., arXiv 2408.00264; ``../shared/CLOVER2.md`` §2): an
+RNN-like draft, the Clover authors' successor to Clover-1.
+
+What changes from Clover-1 (CLOVER2.md §2.1, the forward pass of §2.2). Notation: X_t
+the target's last-layer output at position t, before the final norm; x_{t+1} the token
+the target produced from it (for the last verified position: the root); E[y] the raw,
+unnormalised row y of the frozen lm_head weight; head k (1-based here, CLOVER2.md counts
+from 0) predicts x_{t+k+1}, the token k positions after the root.
+
+* **Information extraction order**: an Attention Decoder runs *before* the Augmenting
+  Block and fuses the next token into every position: ``u_t = AttnDec1(X_t, E[x_{t+1}])``.
+* **Augmenting Block** of 2 decoder layers of the target's architecture, with its own KV
+  cache, then an RMSNorm: ``Z = norm(layers(u))``. It runs once per verification step,
+  over the newly verified positions only.
+* **Plain FC projectors, shared recurrence**: head 1 ``g_1 = head_norm(W_1 Z_t + b_1)``;
+  heads k >= 2 share one set of weights:
+  ``r_k = AttnDec2(r_{k-1}, E[c])``, ``g_k = head_norm(W_2 [r_k ; E[c]] + b_2)``, with
+  r_1 = Z_t and c the token chosen for depth k-1 (drafted, or the true one in training).
+* Every head reads the target's frozen, shared lm_head: ``logits_k = W_lm g_k``.
+* **Distillation** (§2.3): g_k is regressed onto the target's normed hidden state at
+  t+k and its logits are fitted to the target's distribution there (soft
+  cross-entropy), head k weighted by decay^(k-1); see :meth:`Clover2Heads.training_outputs`.
+
+Both Attention Decoders are Clover's :class:`~clover.heads.clover.AttentionDecoder` with
+biases and a gate epsilon equal to the norm's (the reference ``ResAttentionBlock``).
+Released checkpoints load with :mod:`clover.heads.clover2_checkpoint`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from clover.heads.base import DraftHeads, HeadConfig, grow_recurrent_tree
+from clover.heads.clover import (AttentionDecoder, build_augmenting_block, copy_last_layer,
+                                 run_augmenting_block)
+from clover.tree import Tree, TreeConfig, root_only
+
+
+class Clover2Heads(DraftHeads):
+    """Attention Decoder -> Augmenting Block -> K heads with a shared recurrent projector.
+
+    Modules (CLOVER2.md §3 names in brackets; D hidden size):
+
+    * ``decoder``: AttnDec1 [``clover_head_mlp_rnn``], fuses the next token into X;
+    * ``augment``: the Augmenting Block [``layers.0``, ``layers.1``] (a base model of the
+      target's architecture fed with hidden states) and ``augment_norm`` [``clover_norm``];
+    * ``first_fc``: head 1's projector, D -> D [``clover_head_mlp``];
+    * ``recurrent_decoder``: AttnDec2 [``clover_head_mlp_rnn2``] and ``recurrent_fc``, 2D -> D
+      [``clover_head_mlp2``], input [r ; E[c]]: one set for heads 2..K;
+    * ``head_norm`` [``clover_head_norm``], before the target's lm_head.
+
+    Args:
+        config: HeadConfig with kind "clover2" (``augment_layers`` defaults to 2).
+        target_config: the target's transformers config (to build the Augmenting Block).
+    """
+
+    kind = "clover2"
+
+    def __init__(self, config: HeadConfig, target_config):
+        super().__init__(config)
+        d, eps = config.hidden_size, config.norm_eps
+        self.decoder = AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
+        self.augment = build_augmenting_block(target_config, config.augment_layers, config.augment_config)
+        self.augment_norm = nn.RMSNorm(d, eps=eps)
+        self.first_fc = nn.Linear(d, d)
+        self.recurrent_decoder = AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
+        self.recurrent_fc = nn.Linear(2 * d, d)
+        self.head_norm = nn.RMSNorm(d, eps=eps)
+        # the reference initialisation (CLOVER2.md §2.2): near-identity projectors, and
+        # small positive values so the token embedding enters from the first step
+        with torch.no_grad():
+            for dec in (self.decoder, self.recurrent_decoder):
+                nn.init.uniform_(dec.w_v.weight, 0.0, 0.01)
+            for fc in (self.first_fc, self.recurrent_fc):
+                nn.init.uniform_(fc.weight, 0.0, 0.01)
+                fc.weight[:, :d] += torch.eye(d)
+                nn.init.zeros_(fc.bias)
+
+    def init_from_target(self, target) -> "Clover2Heads":
+        """Augmenting layers from the target's last decoder layer; both norms from the
+        target's final-norm weight (CLOVER2.md §2.2 step 5)."""
+        copy_last_layer(self.augment, target)
+        with torch.no_grad():
+            for norm in (self.augment_norm, self.head_norm):
+                norm.weight.copy_(target.final_norm.weight)
+        return self.to(device=target.device, dtype=target.dtype)
+
+    def token_embedding(self, tokens: torch.Tensor, target) -> torch.Tensor:
+        """E[y]: raw rows of the frozen lm_head weight, (...,) long -> (..., D)."""
+        return target.lm_head.weight[tokens]
+
+    def context(self, hidden_pre: torch.Tensor, next_tokens: torch.Tensor, cache, start: int,
+                target) -> torch.Tensor:
+        """Z: AttnDec1 then the Augmenting Block and its norm, causally over new positions.
+
+        Args:
+            hidden_pre: (B, T, D) target hidden states before the final norm, positions
+                ``start .. start + T - 1``.
+            next_tokens: (B, T) long, the token after each position (x_{t+1}).
+            cache: the block's own DynamicCache (``start`` positions cached), or None.
+        Returns:
+            (B, T, D) Z, the state r_1 that head 1 reads at each position.
+        """
+        u = self.decoder(hidden_pre, self.token_embedding(next_tokens, target))
+        return self.augment_norm(run_augmenting_block(self.augment, u, cache, start))
+
+    def head(self, prev: torch.Tensor, tokens: torch.Tensor, depth: int, target):
+        """Head ``depth + 1``'s state and normed output.
+
+        Args:
+            prev: (n, D) r_{k-1}; for head 1 (``depth`` 0) Z itself.
+            tokens: (n,) long, c: the tokens at depth ``depth`` (ignored by head 1, whose
+                Z already holds the root).
+        Returns:
+            (r_k (n, D), g_k (n, D)); g_k is in the space of the target's normed states.
+        """
+        if depth == 0:
+            return prev, self.head_norm(self.first_fc(prev))
+        e = self.token_embedding(tokens, target)
+        r = self.recurrent_decoder(prev, e)
+        return r, self.head_norm(self.recurrent_fc(torch.cat([r, e], dim=-1)))
+
+    def step(self, prev: torch.Tensor, tokens: torch.Tensor, depth: int, target):
+        """One depth of drafting (see :func:`clover.heads.base.grow_recurrent_tree`):
+        (r_k (n, D), logits (n, V') over the draft vocabulary)."""
+        r, g = self.head(prev, tokens, depth, target)
+        return r, self.vocab_logits(g, target)
+
+    def training_outputs(self, target, ids: torch.Tensor, hidden_pre: torch.Tensor,
+                         rows: torch.Tensor, cols: torch.Tensor,
+                         features: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        """The teacher-forced training forward (CLOVER2.md §2.3) at positions s.
+
+        Z runs over whole sequences (each position fused with its true next token); at
+        each s the recurrence runs through the true tokens x_{s+2}, ..., x_{s+K}.
+
+        Args:
+            ids: (B, T) long, right-padded conversations.
+            hidden_pre: (B, T, D) the target's states before the final norm.
+            rows, cols: (M,) long, the positions s.
+            features: applied to ``hidden_pre`` first (training-time noise or dropout).
+        Returns:
+            per head k a pair (logits (M, V'), g_k (M, D)): head k predicts x_{s+k+1},
+            its teacher is the target at s+k; g_k regresses onto the target's normed
+            hidden state at s+k.
+        """
+        if features is not None:
+            hidden_pre = features(hidden_pre)
+        T = ids.shape[1]
+        next_tokens = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # x_{t+1}; the last is unused
+        r = self.context(hidden_pre, next_tokens, None, 0, target)[rows, cols]  # (M, D)
+        outs = []
+        for k in range(self.config.num_heads):
+            c = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}, read by heads k >= 1
+            r, g = self.head(r, c, k, target)
+            outs.append((self.vocab_logits(g, target), g))
+        return outs
+
+    def drafter(self, target, tree: TreeConfig) -> "Clover2Drafter":
+        return Clover2Drafter(self, target, tree)
+
+
+class Clover2Drafter:
+    """Per-run Clover-2 state: the Augmenting Block's KV cache and the verified hidden
+    states still waiting for their next token.
+
+    A position enters the block only with the token after it (AttnDec1 fuses the two).
+    The last verified position's next token is the root of the next draft, so
+    :meth:`draft` runs the block over the waiting positions; the root then comes back as
+    the first token of the next :meth:`observe`, and is skipped there. Nothing is rolled
+    back: every position entering the block is verified.
+    """
+
+    def __init__(self, heads: Clover2Heads, target, tree: TreeConfig):
+        from transformers import DynamicCache
+
+        self.heads, self.target, self.tree = heads, target, tree
+        self.cache = DynamicCache(config=heads.augment.config)
+        self.length = 0  # positions in the block's cache
+        self.waiting: torch.Tensor | None = None  # (W, D) verified states not yet in the block
+        self.next_tokens: list[int] = []  # the W - 1 next tokens known so far
+        self.z: torch.Tensor | None = None  # (D,) Z at the last position in the block
+
+    def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
+                tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
+        if self.waiting is None:  # tokens[0]: the first prompt token or the consumed root
+            self.waiting = hidden_pre
+        else:  # tokens[0] follows the last waiting position
+            self.next_tokens.append(tokens[0])
+            self.waiting = torch.cat([self.waiting, hidden_pre])
+        self.next_tokens.extend(tokens[1:])
+
+    def draft(self, root_token: int, max_depth: int) -> Tree:
+        if max_depth <= 0:
+            return root_only(root_token)
+        if self.waiting is not None:
+            nxt = torch.tensor([self.next_tokens + [root_token]], device=self.waiting.device)
+            z = self.heads.context(self.waiting.unsqueeze(0), nxt, self.cache, self.length, self.target)
+            self.length += self.waiting.shape[0]
+            self.z, self.waiting, self.next_tokens = z[0, -1], None, []
+        if self.z is None:  # a one-token prompt: nothing verified yet
+            return root_only(root_token)
+        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.z, max_depth)
