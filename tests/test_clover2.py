@@ -1,18 +1,21 @@
 """Clover-2 heads: the parts the design shares, drafting against its training forward,
-greedy parity and lossless sampling, save/load."""
+greedy parity and lossless sampling, save/load, and the released checkpoints' layout."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from clover import Engine, SamplingConfig, load_heads, new_heads, parse_tree_spec
 from clover.heads import Clover2Heads, CloverHeads
+from clover.heads.clover2_checkpoint import RELEASED_ROPE, load_released_clover2
 from clover.models import decoder_layers
 from conftest import perturb, tiny_target
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
 from test_engine import ARCHS, TREES, plain, prompts
+from test_heads import _tiny_llama_target
 
 
 def test_heads_share_exactly_the_recurrent_weights():
@@ -143,3 +146,185 @@ def test_save_and_reload_identical(tmp_path):
     prompt = prompts(96)[4]
     assert [s.nodes for s in Engine(target, heads).generate(prompt, 8).steps] == \
         [s.nodes for s in Engine(target, again).generate(prompt, 8).steps]
+
+
+# ---- the released checkpoints' layout (CLOVER2.md §3) ----
+
+# our names -> the released ones, written here from CLOVER2.md's key table, not from the loader
+RELEASED = {"augment.layers.": "layers.", "augment_norm.": "clover_norm.",
+            "decoder.": "clover_head_mlp_rnn.", "first_fc.": "clover_head_mlp.",
+            "recurrent_decoder.": "clover_head_mlp_rnn2.", "recurrent_fc.": "clover_head_mlp2.",
+            "head_norm.": "clover_head_norm."}
+PARTS = {"w_q.": "q.", "w_k.": "k.", "w_v.": "v.", "norm.": "input_layernorm."}
+
+
+def released_state(heads, target, old_names=False) -> dict[str, torch.Tensor]:
+    """The heads' weights under the released key names, with the frozen lm_head copies."""
+    out = {"lm_head.weight": target.lm_head.weight.clone(),
+           "clover_embed_tokens.weight": target.lm_head.weight.clone()}
+    for name, t in heads.state_dict().items():
+        if name.startswith("augment.embed_tokens."):
+            continue
+        ours = next(p for p in sorted(RELEASED, key=len, reverse=True) if name.startswith(p))
+        rest = name[len(ours):]
+        if ours in ("decoder.", "recurrent_decoder."):
+            part = next(p for p in PARTS if rest.startswith(p))
+            rest = PARTS[part] + rest[len(part):]
+        key = RELEASED[ours] + rest
+        if old_names and key.startswith("layers."):
+            key = ("layer." if key.startswith("layers.0.") else "layer2.") + key.split(".", 2)[2]
+        out[key] = t.detach().clone().contiguous()
+    return out
+
+
+def write_released(path, state, target, num_heads=5, **config):
+    """A checkpoint folder as the reference writes it: config.json + model.safetensors."""
+    path.mkdir(parents=True, exist_ok=True)
+    c = target.config
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+           "num_key_value_heads": c.num_key_value_heads, "vocab_size": c.vocab_size,
+           "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "num_hidden_layers": 1,
+           "rope_theta": 500000.0, "hidden_act": "silu",
+           "clover": {"num_heads": num_heads, "num_layers": 2, "heads_coefficient": 1.0,
+                      "decay_coefficient": 0.7}, **config}
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama3_like():
+    """A tiny Llama with Llama-3's RoPE base (500000), and Clover-2 heads for it built
+    natively with the released checkpoints' settings (RoPE base 10000, eps 1e-6)."""
+    target = _tiny_llama_target(rope_theta=500000.0)
+    heads = perturb(new_heads("clover2", target, num_heads=5, norm_eps=1e-6,
+                              augment_config={"rope_parameters": dict(RELEASED_ROPE), "rms_norm_eps": 1e-6}),
+                    0.1, seed=2)
+    return target, heads
+
+
+def same_drafts(a, b, target):
+    """Identical Z, per-head draft logits and whole decoding traces."""
+    g = torch.Generator().manual_seed(1)
+    x, nxt = torch.randn(1, 7, target.hidden_size, generator=g), torch.randint(0, 96, (1, 7), generator=g)
+    toks = torch.tensor([5, 9, 11])
+    with torch.inference_mode():
+        za, zb = a.context(x, nxt, None, 0, target), b.context(x, nxt, None, 0, target)
+        assert torch.equal(za, zb)
+        ra = rb = za[0, -3:]
+        for k in range(a.config.num_heads):
+            ra, la = a.step(ra, toks, k, target)
+            rb, lb = b.step(rb, toks, k, target)
+            assert torch.equal(la, lb), k
+    prompt = prompts(96)[3]
+    tree = parse_tree_spec("dynamic:budget=12,topk=3")
+    assert [s.nodes for s in Engine(target, a, tree).generate(prompt, 10).steps] == \
+        [s.nodes for s in Engine(target, b, tree).generate(prompt, 10).steps]
+
+
+@pytest.mark.parametrize("old_names", [False, True], ids=["layers", "layer-layer2"])
+def test_released_layout_loads_to_the_same_drafts(llama3_like, tmp_path, old_names):
+    target, native = llama3_like
+    path = write_released(tmp_path / "ckpt", released_state(native, target, old_names), target)
+    loaded = load_released_clover2(path, target)
+    assert isinstance(loaded, Clover2Heads) and loaded.config.num_heads == 5
+    assert loaded.config.norm_eps == 1e-6 and loaded.config.target_fingerprint == target.fingerprint
+    same_drafts(native, loaded, target)
+    # and they save in our own format and load back as any heads
+    loaded.save_pretrained(tmp_path / "ours")
+    same_drafts(native, load_heads(tmp_path / "ours", target), target)
+
+
+def test_released_checkpoint_with_both_layer_names_takes_the_current(llama3_like, tmp_path):
+    target, native = llama3_like
+    state = released_state(native, target)
+    stale = {k: torch.zeros_like(v) for k, v in released_state(native, target, old_names=True).items()
+             if k.startswith(("layer.", "layer2."))}
+    loaded = load_released_clover2(write_released(tmp_path, {**state, **stale}, target), target)
+    same_drafts(native, loaded, target)
+
+
+def test_released_rope_base_is_10000_whatever_the_target(llama3_like, tmp_path):
+    target, native = llama3_like
+    loaded = load_released_clover2(write_released(tmp_path, released_state(native, target), target), target)
+    d = target.hidden_size // target.config.num_attention_heads
+    base10k = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+    assert torch.allclose(loaded.augment.rotary_emb.inv_freq, base10k)
+    assert not torch.allclose(target.base.rotary_emb.inv_freq, base10k)  # the target: 500000
+    # the same weights with the target's own RoPE compute another Z: the quirk matters
+    own = new_heads("clover2", target, num_heads=5, norm_eps=1e-6)
+    own.load_state_dict(loaded.state_dict())
+    x, nxt = torch.randn(1, 9, target.hidden_size), torch.randint(0, 96, (1, 9))
+    with torch.inference_mode():
+        assert not torch.allclose(own.context(x, nxt, None, 0, target), loaded.context(x, nxt, None, 0, target))
+
+
+def test_released_head_formula(llama3_like, tmp_path):
+    """Head 2 computed by hand from the released tensors as CLOVER2.md §2.2 writes it:
+    r = x + concat_h(cos(q_h, k_h) v_h), q = W_q RMSNorm(x) + b_q, k/v = W e + b with e the
+    raw lm_head row; g = RMSNorm(W_2 [r ; e] + b_2); logits = W_lm g."""
+    target, native = llama3_like
+    state = released_state(native, target)
+    loaded = load_released_clover2(write_released(tmp_path, state, target), target)
+    H = target.config.num_attention_heads
+
+    def rms(x, w, eps=1e-6):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    x, c = torch.randn(2, target.hidden_size), torch.tensor([7, 30])
+    e = state["clover_embed_tokens.weight"][c]
+    p = "clover_head_mlp_rnn2."
+    q = rms(x, state[p + "input_layernorm.weight"]) @ state[p + "q.weight"].T + state[p + "q.bias"]
+    k = e @ state[p + "k.weight"].T + state[p + "k.bias"]
+    v = e @ state[p + "v.weight"].T + state[p + "v.bias"]
+    gate = torch.cosine_similarity(q.view(2, H, -1), k.view(2, H, -1), dim=-1, eps=1e-6)
+    r = x + (gate[..., None] * v.view(2, H, -1)).reshape(2, -1)
+    g = rms(torch.cat([r, e], -1) @ state["clover_head_mlp2.weight"].T + state["clover_head_mlp2.bias"],
+            state["clover_head_norm.weight"])
+    with torch.inference_mode():
+        r_ours, logits = loaded.step(x, c, 1, target)
+    assert torch.allclose(r_ours, r, atol=1e-5)
+    assert torch.allclose(logits, g @ state["lm_head.weight"].T, atol=1e-4)
+
+
+def test_released_checkpoint_for_another_target_is_refused(llama3_like, tmp_path):
+    target, native = llama3_like
+    path = write_released(tmp_path / "ckpt", released_state(native, target), target)
+    other_vocab = tiny_target("llama", vocab_size=80)
+    with pytest.raises(ValueError, match=r"made for another target .*vocab_size 96 != target's 80"):
+        load_released_clover2(path, other_vocab)
+    with pytest.raises(ValueError, match=r"model type 'llama' != target's 'gpt2'"):
+        load_released_clover2(path, tiny_target("gpt2"))
+    # same sizes, other weights (as Vicuna's checkpoint for Llama-2-7B): the lm_head differs
+    same_sizes = tiny_target("llama", seed=5)
+    with pytest.raises(ValueError, match=r"lm_head.weight differs from 'tiny-llama''s lm_head"):
+        load_released_clover2(path, same_sizes)
+
+
+def test_released_checkpoint_keys_are_checked(llama3_like, tmp_path):
+    target, native = llama3_like
+    state = released_state(native, target)
+    broken = {k: v for k, v in state.items() if k not in ("clover_head_mlp2.bias", "layers.1.mlp.up_proj.weight")}
+    broken["clover_head_mlp3.weight"] = torch.zeros(2, 2)
+    broken["layers.2.mlp.up_proj.weight"] = state["layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ValueError) as err:
+        load_released_clover2(write_released(tmp_path / "a", broken, target), target)
+    msg = str(err.value)
+    assert "missing keys (2): layers.1.mlp.up_proj.weight, clover_head_mlp2.bias" in msg
+    assert "unexpected keys (2): clover_head_mlp3.weight, layers.2.mlp.up_proj.weight" in msg
+    wrong = {**state, "clover_head_mlp.weight": torch.zeros(3, 3)}
+    with pytest.raises(ValueError, match=r"wrong shapes \(1\): clover_head_mlp.weight \(3, 3\) != \(64, 64\)"):
+        load_released_clover2(write_released(tmp_path / "b", wrong, target), target)
+    with pytest.raises(ValueError, match="missing keys .*clover_embed_tokens.weight"):
+        load_released_clover2(write_released(tmp_path / "c", {k: v for k, v in state.items()
+                                                              if k != "clover_embed_tokens.weight"}, target), target)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(FileNotFoundError, match="expected config.json and model.safetensors"):
+        load_released_clover2(tmp_path / "d", target)
+    path = write_released(tmp_path / "e", state, target)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["clover"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no 'clover' block"):
+        load_released_clover2(path, target)
