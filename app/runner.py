@@ -240,9 +240,10 @@ class LoadedModel:
         While :meth:`calibrate_in_background` is still measuring, the default budget.
         On ZeroGPU (``spaces``) decoding runs on hardware this process cannot time, so
         the default budget is used there."""
-        if not tree.auto or self.heads.get(method) is None:
+        heads = self.heads.get(method)
+        if not tree.auto or heads is None:
             return tree
-        from clover.autotree import stored_auto_tree
+        from clover.autotree import resolve_tree
 
         if spaces is not None:
             return replace(tree, auto=False)
@@ -250,8 +251,7 @@ class LoadedModel:
             return replace(tree, auto=False)
         with self._lock:
             if method not in self.auto_trees:
-                self.auto_trees[method] = stored_auto_tree(self.target, self.heads[method],
-                                                           replace(tree, auto=False))
+                self.auto_trees[method] = resolve_tree(self.target, heads, tree)[0]
             return self.auto_trees[method]
 
     def calibrate_in_background(self) -> threading.Thread | None:
@@ -259,14 +259,13 @@ class LoadedModel:
         any left are measured in a daemon thread (runs meanwhile use the default budget),
         which then decodes two tokens per method (warm-up). Returns the thread, or None
         when nothing was left to measure."""
-        from clover.autotree import stored_auto_tree
+        from clover.autotree import resolve_tree
 
-        base = replace(auto_tree(), auto=False)
         todo = [m for m in ("medusa", "clover") if self.heads.get(m) is not None
                 and m not in self.auto_trees]
         for m in list(todo):
-            found = stored_auto_tree(self.target, self.heads[m], base, measure=False)
-            if found is not None:
+            found = resolve_tree(self.target, self.heads[m], auto_tree(), measure=False)[0]
+            if not found.auto:  # stored
                 self.auto_trees[m] = found
                 todo.remove(m)
         if not todo or spaces is not None:
@@ -277,7 +276,7 @@ class LoadedModel:
             try:
                 for m in todo:
                     with self._lock:
-                        self.auto_trees[m] = stored_auto_tree(self.target, self.heads[m], base)
+                        self.auto_trees[m] = resolve_tree(self.target, self.heads[m], auto_tree())[0]
                 self.calibrating.clear()
                 self.lookup_config()  # the verify cost curve for prompt lookup
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
@@ -441,7 +440,8 @@ def _warm_up(loaded: LoadedModel) -> None:
     timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
     for method in ("ar", "medusa", "clover"):
-        Engine(loaded.target, loaded.heads[method], loaded.tree_for(method, auto_tree())).generate(ids, 2)
+        tree = replace(loaded.tree_for(method, auto_tree()), auto=False)  # "ar": no tree to size
+        Engine(loaded.target, loaded.heads[method], tree).generate(ids, 2)
 
 
 # ---------------------------------------------------------------- decoding

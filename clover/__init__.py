@@ -6,9 +6,10 @@ app, benchmark, notebooks. Importing this package does no work and needs no Grad
 """
 from clover.acceptance import SamplingConfig
 from clover.assets import assets_dir
-from clover.engine import ALL_METHODS, Engine, engine_for
+from clover.engine import Engine
 from clover.heads import HeadConfig, load_heads, new_heads
 from clover.lookup import LookupConfig
+from clover.methods import ALL_METHODS, engine_for
 from clover.models import TargetModel, encode_prompt, load_target
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import TreeConfig, parse_tree_spec

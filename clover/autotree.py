@@ -15,6 +15,11 @@ Expected speed of a tree budget N (drafted nodes) is
 
 This is EAGLE-2's idea of choosing the total token count from measured cost and
 acceptance (arXiv 2406.16858 §5), applied per machine at load time.
+
+:func:`resolve_tree` is the one place the setting becomes a concrete tree (the CLI, the
+bench, the app and the notebooks call it; the engine never measures): the choice is kept
+on disk (:func:`stored_auto_tree`, keyed by :func:`calibration_key`), so it is measured
+once per machine, target, heads and library versions.
 """
 from __future__ import annotations
 
@@ -262,10 +267,12 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 
 
 def calibration_key(target, heads, base: TreeConfig) -> str:
-    """What an auto-tree choice depends on: the target (name, dtype, device), a hash of the
-    heads' weights, the base tree, the torch thread count and the processor."""
+    """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
+    a hash of the heads' weights, the base tree, the torch thread count, the processor and
+    the versions of torch, transformers and this library."""
     import hashlib
     import platform
+    from importlib.metadata import PackageNotFoundError, version
 
     h = hashlib.sha1()
     for name, p in sorted(heads.state_dict().items()):
@@ -282,19 +289,28 @@ def calibration_key(target, heads, base: TreeConfig) -> str:
     device = str(target.device)
     if target.device.type == "cuda":
         device += ":" + torch.cuda.get_device_name(target.device)
-    return "|".join([target.name, str(target.dtype), device, f"threads={torch.get_num_threads()}",
-                     cpu, f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))])
+    versions = []
+    for package in ("torch", "transformers", "clover-studio"):
+        try:
+            versions.append(f"{package}={version(package)}")
+        except PackageNotFoundError:  # a source checkout that was never installed
+            versions.append(f"{package}=?")
+    fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
+    return "|".join([target.name, fingerprint, str(target.dtype), device,
+                     f"threads={torch.get_num_threads()}", cpu, *versions,
+                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))])
 
 
 def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
-                     measure: bool = True) -> TreeConfig | None:
+                     measure: bool = True, recalibrate: bool = False) -> TreeConfig | None:
     """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI: the
-    stored budget where one was measured for the same target, heads, tree, thread count
-    and processor, else measured now (``measure``) and stored, else None.
+    stored budget where one was measured under the same :func:`calibration_key`, else
+    measured now (``measure``) and stored, else None.
 
     Args:
         path: the JSON file (default ``~/.cache/clover-studio/autotree.json``, or
             ``$CLOVER_CACHE_DIR/autotree.json``).
+        recalibrate: measure again (and store) even where a budget is stored.
     """
     import json
     import os
@@ -311,7 +327,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = {}
-    if isinstance(stored.get(key), int):  # 0 = off
+    if isinstance(stored.get(key), int) and not recalibrate:  # 0 = off
         if stored[key] == 0:
             return replace(base, kind="off", auto=False)
         return replace(base, kind="dynamic", budget=stored[key], auto=False)
@@ -329,3 +345,37 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
         except (OSError, ValueError):
             log.warning("could not store the auto tree in %s", path, exc_info=True)
     return tree
+
+
+def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, path=None,
+                 measure: bool = True, recalibrate: bool = False):
+    """The one place where the tree setting "auto" becomes a concrete tree for this
+    machine; the CLI, the bench, the app and the notebooks call it before building an
+    :class:`~clover.engine.Engine` (which takes concrete trees only).
+
+    With ``tree.auto``: heads get the dynamic tree :func:`stored_auto_tree` picks (read
+    from the store, else measured, seconds on a CPU, and stored; it may be "off"); no heads
+    (plain decoding, lookup alone) get ``tree`` without the mark; a ``lookup`` config
+    without ``costs`` gets this machine's verify cost curve (:func:`sized_lookup`). A tree
+    that is not "auto" and its lookup are returned as they are.
+
+    Args:
+        heads: the method's draft heads, or None.
+        tree: the tree setting (default ``TreeConfig()``).
+        lookup: the method's ``clover.lookup.LookupConfig``, or None.
+        path, recalibrate: see :func:`stored_auto_tree`.
+        measure: False: never time anything; where no budget is stored, ``tree`` comes
+            back still marked ``auto`` (the app then decides what to run meanwhile).
+    Returns:
+        (tree, lookup).
+    """
+    tree = tree or TreeConfig()
+    if not tree.auto:
+        return tree, lookup
+    if lookup is not None and not lookup.costs and measure:
+        lookup = sized_lookup(target, lookup)
+    if heads is None:
+        return replace(tree, auto=False), lookup
+    found = stored_auto_tree(target, heads, replace(tree, auto=False), path, measure=measure,
+                             recalibrate=recalibrate)
+    return (tree if found is None else found), lookup

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from clover.methods import ALL_METHODS, with_lookup
+from clover.methods import ALL_METHODS, HEAD_METHODS, with_lookup
 
 log = logging.getLogger("clover")
 
@@ -21,6 +21,11 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
+
+
+RECALIBRATE_HELP = ("measure the auto tree again: the measured budget is kept in "
+                    "~/.cache/clover-studio/autotree.json ($CLOVER_CACHE_DIR), keyed by target, "
+                    "heads, device, dtype, threads and library versions, and reused")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'auto' (default: size a dynamic tree to this machine), 'dynamic', "
                         "'dynamic:budget=N,topk=K', a preset (chain2, chain3, small, medium) "
                         "or JSON paths like '[[0],[1],[0,0]]'")
+    g.add_argument("--recalibrate", action="store_true", help=RECALIBRATE_HELP)
     g.add_argument("--num-heads", type=_positive_int, default=3,
                    help="heads to create when none are loaded")
     g.add_argument("--seed", type=int, default=None)
@@ -105,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     tx.add_argument("--max-texts", type=_positive_int, default=None)
     tx.add_argument("--device", default=None)
 
-    t = sub.add_parser("train", help="train Medusa or Clover heads with the target frozen")
-    t.add_argument("--method", choices=("medusa", "clover"), default=None)
+    t = sub.add_parser("train", help="train Medusa, Clover or Clover-2 heads with the target frozen")
+    t.add_argument("--method", choices=HEAD_METHODS, default=None)
     t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
     t.add_argument("--model", default=None, help="target (default: embedded model)")
     t.add_argument("--data", required=True,
@@ -145,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--repeats", type=_positive_int, default=1)
     b.add_argument("--tree", default="auto", help="as for generate (default: auto, per method)")
+    b.add_argument("--recalibrate", action="store_true", help=RECALIBRATE_HELP)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
@@ -186,7 +193,8 @@ def cmd_generate(args) -> int:
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
-    engine = engine_for(method, target, tree, args.heads, args.num_heads)
+    engine = engine_for(method, target, tree, args.heads, args.num_heads,
+                        recalibrate=args.recalibrate)
     heads = engine.heads
     result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
     summary = result.summary()
@@ -305,14 +313,12 @@ def cmd_train(args) -> int:
 
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
-    from clover import LookupConfig
-    from clover.autotree import sized_lookup
     from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
-    from clover.engine import split_method
+    from clover.methods import split_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.lookup:
-        methods += [with_lookup(m) for m in methods if m in ("medusa", "clover")
+        methods += [with_lookup(m) for m in methods if m in HEAD_METHODS
                     and with_lookup(m) not in methods]
     cfg = BenchConfig(methods=tuple(methods),
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -323,18 +329,15 @@ def cmd_bench(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
-    engines, trees = {}, {}  # the auto tree is sized once per head kind, hybrids share it
-    lookup = LookupConfig()
-    if tree.auto and any(m.endswith("lookup") and m != HF_LOOKUP for m in cfg.methods):
-        lookup = sized_lookup(target)
+    engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
     for m in sorted(cfg.methods, key=lambda m: "+" in m):
-        kind = None if m == HF_LOOKUP else split_method(m)[0]
         if m == HF_LOOKUP:
             engines[m] = HFPromptLookup(target)
             continue
-        engines[m] = engine_for(m, target, trees.get(kind, tree), heads_dirs.get(kind), lookup=lookup)
-        if kind:
-            trees.setdefault(kind, engines[m].tree)
+        kind = split_method(m)[0]
+        engines[m] = engine_for(m, target, tree, heads_dirs.get(kind),
+                                recalibrate=args.recalibrate and kind not in sized)
+        sized.add(kind)
     engines = {m: engines[m] for m in cfg.methods}
     results = run_bench(target, engines, args.prompts or _shipped_prompts("heldout.jsonl"), args.out, cfg,
                         extra_meta={"tree": args.tree,

@@ -19,7 +19,6 @@ after ``max_new_tokens`` (never overshot) or once a stop string appears.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Iterator, Sequence
 
 import torch
@@ -28,7 +27,6 @@ from clover.acceptance import SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_cache, new_cache
 from clover.heads import DraftHeads, PlainDrafter
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
-from clover.methods import ALL_METHODS, split_method  # noqa: F401  (re-exported)
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import Tree, TreeConfig, position_ids, tree_mask
@@ -40,18 +38,15 @@ class Engine:
     Args:
         target: the target model.
         heads: Medusa or Clover heads; None for plain autoregressive decoding.
-        tree: how each step's candidate tree is grown (ignored for plain decoding; a
-            tree of kind "off" drafts nothing, so the heads decode as plain decoding).
-            With ``tree.auto`` the budget is tuned here, once, by timing this hardware
-            (``clover.autotree.auto_tree``; seconds on a CPU; it may choose "off"); the
-            measurements are kept in ``autotree_report``.
+        tree: how each step's candidate tree is grown, a concrete tree (ignored for plain
+            decoding; a tree of kind "off" drafts nothing, so the heads decode as plain
+            decoding). The setting "auto" is resolved before, at the edges, by
+            ``clover.autotree.resolve_tree``.
         lookup: prompt lookup drafting (``clover.lookup``): alone (no heads) it is the
             method "lookup"; with heads it adds a lookup branch to their tree within the
-            same node budget ("medusa+lookup", "clover+lookup"). With ``tree.auto`` and a
-            config without ``costs``, its chain length adapts to this machine's verify
-            cost curve (``clover.autotree.verify_costs``, measured once per target).
+            same node budget ("medusa+lookup", "clover+lookup").
     Raises:
-        ValueError: when the heads do not fit the target.
+        ValueError: when the heads do not fit the target, or ``tree`` is still "auto".
     """
 
     def __init__(self, target: TargetModel, heads: DraftHeads | None = None,
@@ -60,22 +55,13 @@ class Engine:
 
         if heads is not None:
             check_fits(heads.config, target)
+        if tree is not None and tree.auto:
+            raise ValueError("the tree setting 'auto' is resolved before building an Engine: "
+                             "tree, lookup = clover.autotree.resolve_tree(target, heads, tree, lookup)")
         self.target = target
         self.heads = heads
         self.tree = tree or TreeConfig()
         self.method = method_name(heads, lookup)
-        self.autotree_report = None
-        auto = self.tree.auto
-        if auto and heads is not None:
-            from clover.autotree import auto_tree
-
-            self.tree, self.autotree_report = auto_tree(target, heads, replace(self.tree, auto=False))
-        elif auto:
-            self.tree = replace(self.tree, auto=False)
-        if lookup is not None and auto and not lookup.costs:
-            from clover.autotree import sized_lookup
-
-            lookup = sized_lookup(target, lookup)
         self.lookup = lookup
 
     def drafter(self):
@@ -277,26 +263,6 @@ class DecodeRun:
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
                          float(tree.draft_probs[i]), float(target_p[i]), sources[i])
                 for i in range(len(tree))]
-
-
-def engine_for(method: str, target: TargetModel, tree: TreeConfig | None = None,
-               heads_dir: str | None = None, num_heads: int = 3,
-               lookup: LookupConfig | None = None) -> Engine:
-    """The engine of a method by name, with the heads :func:`clover.heads.heads_for` picks
-    (``heads_dir``, else the shipped heads for this target, else fresh ones).
-
-    Args:
-        method: one of :data:`ALL_METHODS`.
-        tree: for the head methods (default TreeConfig()); "auto" is resolved here.
-        lookup: the lookup settings when the method uses lookup (default LookupConfig()).
-    Raises:
-        ValueError: unknown method, heads that do not fit.
-    """
-    from clover.heads import heads_for
-
-    kind, uses_lookup = split_method(method)
-    heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
-    return Engine(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None)
 
 
 def method_name(heads: DraftHeads | None, lookup: LookupConfig | None) -> str:

@@ -1,4 +1,5 @@
-"""The decoding methods by name (no torch import: the CLI's parser reads this)."""
+"""The decoding methods by name, and the engine of each (:func:`engine_for`). Nothing heavy
+is imported at module level: the CLI's parser reads this."""
 from __future__ import annotations
 
 # every decoding method, in display order; "+lookup" adds a prompt lookup branch to a
@@ -34,3 +35,31 @@ def split_method(method: str) -> tuple[str | None, bool]:
     if heads == "lookup":
         return None, True
     return (None if heads == "ar" else heads), extra == "lookup"
+
+
+def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
+               lookup=None, *, recalibrate: bool = False):
+    """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
+    :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
+    target, else fresh ones) and the tree setting resolved for this machine by
+    :func:`clover.autotree.resolve_tree` ("auto": the stored budget, else measured and
+    stored, seconds on a CPU).
+
+    Args:
+        method: one of :data:`ALL_METHODS`.
+        tree: a ``TreeConfig`` for the head methods (default ``TreeConfig()``), "auto" or not.
+        lookup: the ``LookupConfig`` when the method uses lookup (default ``LookupConfig()``).
+        recalibrate: measure the auto tree again even where one is stored.
+    Raises:
+        ValueError: unknown method, heads that do not fit.
+    """
+    from clover.autotree import resolve_tree
+    from clover.engine import Engine
+    from clover.heads import heads_for
+    from clover.lookup import LookupConfig
+
+    kind, uses_lookup = split_method(method)
+    heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
+    tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
+                                recalibrate=recalibrate)
+    return Engine(target, heads, tree, lookup)

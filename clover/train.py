@@ -11,6 +11,8 @@ state is also regressed onto the target's hidden state at s+k.
 * Clover runs the Augmenting Block over the whole sequence, then at s chains the
   Attention Decoder through the true tokens x_{s+1}, ..., x_{s+k} (teacher forcing: the
   Regressive Connection sees what the target said).
+* Clover-2 owns its training forward (``Clover2Heads.training_outputs``, the same
+  teacher forcing); its preset adds the regression term (CLOVER2.md §2.3).
 
 Runs under ``accelerate`` (several GPUs, mixed precision on GPU) with a tqdm bar,
 periodic held-out evaluation (per-head top-1 / top-5 accuracy against the target's own
@@ -33,6 +35,7 @@ from torch import nn
 
 from clover.data import read_records
 from clover.heads import DraftHeads, load_heads, new_heads
+from clover.heads.base import HEAD_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class TrainConfig:
     """Head training settings.
 
     Attributes:
-        method: "medusa" or "clover".
+        method: "medusa", "clover" or "clover2".
         num_heads: K.
         steps: optimiser steps.
         batch_size: conversations per step.
@@ -51,7 +54,8 @@ class TrainConfig:
         lr / weight_decay / warmup: AdamW settings; warmup in steps.
         schedule: "cosine" (to 10% of lr) or "constant" after warmup.
         decay: loss weight of head k is decay**(k-1).
-        hidden_weight: weight of the hidden-state regression term (Clover-2); 0 = off.
+        hidden_weight: weight of the hidden-state regression term (Clover-2: the
+            heads' output regressed onto the target's normed state, SmoothL1); 0 = off.
         eval_every / save_every: in steps (0 = only at the end).
         eval_conversations: held-out conversations per evaluation.
         heldout_percent: share of question ids (by hash) kept for evaluation.
@@ -101,8 +105,8 @@ class TrainConfig:
     select: str = "chain"
 
     def __post_init__(self):
-        if self.method not in ("medusa", "clover"):
-            raise ValueError(f"method must be medusa or clover, got {self.method!r}")
+        if self.method not in HEAD_KINDS:
+            raise ValueError(f"method must be one of {', '.join(HEAD_KINDS)}, got {self.method!r}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be cosine or constant, got {self.schedule!r}")
         for name in ("num_heads", "steps", "batch_size", "max_len"):
@@ -122,7 +126,9 @@ class TrainConfig:
             raise ValueError(f"select must be chain or last, got {self.select!r}")
 
 
-# Named presets, found by exact key. Medusa and Clover share data, steps and budget.
+# Named presets, found by exact key. Medusa, Clover and Clover-2 share data, steps and
+# budget; Clover-2 takes its reference recipe's K = 5, decay 0.7 and regression weight 10
+# (CLOVER2.md §2.3; its K is still to be chosen by measurement on the CPU, issue 15).
 PRESETS: dict[str, TrainConfig] = {
     "smollm2-medusa": TrainConfig(method="medusa", steps=3000, batch_size=8, positions=64,
                                   draft_vocab=8192, eval_every=250, save_every=100,
@@ -130,6 +136,9 @@ PRESETS: dict[str, TrainConfig] = {
     "smollm2-clover": TrainConfig(method="clover", steps=3000, batch_size=8, positions=64,
                                   draft_vocab=8192, eval_every=250, save_every=100,
                                   eval_conversations=32),
+    "smollm2-clover2": TrainConfig(method="clover2", num_heads=5, steps=3000, batch_size=8,
+                                   positions=64, draft_vocab=8192, eval_every=250, save_every=100,
+                                   eval_conversations=32, decay=0.7, hidden_weight=10.0),
 }
 
 
@@ -351,6 +360,9 @@ def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols, cfg: Tra
     With ``cfg`` (training), its ``feature_noise`` and ``dropout`` perturb the features."""
     outs = []
     reg = cfg is not None and (cfg.feature_noise > 0 or cfg.dropout > 0)
+    if heads.config.kind == "clover2":
+        features = (lambda x: perturb_features(x, cfg.dropout, cfg.feature_noise, gen)) if reg else None
+        return heads.training_outputs(target, ids, pre, rows, cols, features)
     if heads.config.kind == "medusa":
         h = post[rows, cols]
         if reg:
@@ -420,7 +432,8 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             p = p / p.sum(-1, keepdim=True)
             loss = loss + weight * cfg.topk_weight * -(p * logp.gather(-1, idx)).sum(-1).mean()
         if cfg.hidden_weight > 0:
-            ref = (post if heads.config.kind == "medusa" else pre)[rows[ok], tgt]
+            # Clover's MLP output lies before the final norm; Medusa's and Clover-2's after it
+            ref = (pre if heads.config.kind == "clover" else post)[rows[ok], tgt]
             loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
         with torch.no_grad():
             best = teacher.argmax(-1)

@@ -1,10 +1,12 @@
 """``--tree auto``: exact accepted lengths per budget and a sensible choice."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
-from clover.autotree import _accepted_length, _budget_subtree, auto_tree, pool_size, time_forward
+from clover.autotree import (_accepted_length, _budget_subtree, auto_tree, pool_size, resolve_tree,
+                             time_forward)
 from clover.tree import Tree, grow_dynamic
 from conftest import path_tokens, perturb, tiny_target
 
@@ -32,7 +34,7 @@ def test_accepted_length_counts_matches_plus_bonus():
     assert _accepted_length(tree, {0, 1}, [7]) == 1
 
 
-def test_auto_tree_on_a_tiny_model():
+def test_auto_tree_on_a_tiny_model(tmp_path):
     target = tiny_target("llama")
     target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
     heads = perturb(new_heads("clover", target), 0.1)
@@ -50,9 +52,14 @@ def test_auto_tree_on_a_tiny_model():
         assert speed[report.budgets.index(report.chosen)] == max(speed)
     else:
         assert cfg.off and report.chosen == 0
-    # the engine tunes at construction with tree "auto", and stays lossless
-    engine = Engine(target, heads, parse_tree_spec("auto"))
-    assert engine.autotree_report is not None and not engine.tree.auto
+    # "auto" is resolved at the edge (measured, stored, then read back), never by the engine
+    with pytest.raises(ValueError, match="resolve_tree"):
+        Engine(target, heads, parse_tree_spec("auto"))
+    store = tmp_path / "autotree.json"
+    tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store)
+    assert not tree.auto and store.is_file()
+    assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0] == tree
+    engine = Engine(target, heads, tree)
     prompt = [5, 6, 7, 8]
     assert engine.generate(prompt, 12).token_ids == Engine(target).generate(prompt, 12).token_ids
 

@@ -214,12 +214,13 @@ def test_lookup_accepts_copied_text():
     assert len(out.steps) < len(plain.steps)
 
 
-def test_engine_sizes_lookup_with_the_cost_curve(monkeypatch):
+def test_auto_tree_sizes_lookup_with_the_cost_curve(monkeypatch):
     import clover.autotree as at
 
     target = tiny_target("llama")
     monkeypatch.setattr(at, "time_forward", lambda t, sizes, **kw: [10.0 + 50.0 * (n - 1) for n in sizes])
-    eng = Engine(target, tree=parse_tree_spec("auto"), lookup=LookupConfig(max_tokens=4))
+    tree, lookup = at.resolve_tree(target, None, parse_tree_spec("auto"), LookupConfig(max_tokens=4))
+    eng = Engine(target, tree=tree, lookup=lookup)
     assert eng.lookup.costs == (10.0, 60.0, 110.0, 160.0, 210.0)
     # every extra token costs 5x a plain step: lookup never drafts, the output is plain
     out = eng.generate(REPETITIVE, 20)

@@ -84,13 +84,14 @@ def test_read_prompts_errors(tmp_path):
         read_prompts(bad)
 
 
-@pytest.mark.parametrize("method", ["medusa", "clover"])
+@pytest.mark.parametrize("method", ["medusa", "clover", "clover2"])
 def test_training_lowers_loss_and_reloads(tmp_path, prompt_file, method):
     target = tiny_target("llama", eos=1)
     data = tmp_path / "data"
     build_dataset(target, prompt_file, data, data_cfg(max_new_tokens=24), progress=False)
     cfg = TrainConfig(method=method, num_heads=2, steps=60, batch_size=4, positions=0, lr=1e-2,
-                      warmup=2, eval_every=0, save_every=20, heldout_percent=0, seed=1)
+                      warmup=2, eval_every=0, save_every=20, heldout_percent=0, seed=1,
+                      hidden_weight=10.0 if method == "clover2" else 0.0)
     train_set, _ = load_split(data, cfg)
     torch.manual_seed(0)
     from clover.heads import new_heads
@@ -143,8 +144,11 @@ def test_heads_trained_for_another_target_fail_clearly(tmp_path, prompt_file):
 def test_presets_by_exact_key():
     assert preset("smollm2-clover").method == "clover"
     assert preset("smollm2-medusa", steps=5).steps == 5
-    p, m = preset("smollm2-clover"), preset("smollm2-medusa")
+    p, m, c2 = preset("smollm2-clover"), preset("smollm2-medusa"), preset("smollm2-clover2")
     assert (p.steps, p.batch_size, p.positions, p.lr) == (m.steps, m.batch_size, m.positions, m.lr)
+    assert (c2.steps, c2.batch_size, c2.positions, c2.lr, c2.draft_vocab) == \
+        (p.steps, p.batch_size, p.positions, p.lr, p.draft_vocab)
+    assert (c2.method, c2.num_heads, c2.decay, c2.hidden_weight) == ("clover2", 5, 0.7, 10.0)
     with pytest.raises(ValueError, match="unknown preset"):
         preset("smollm2")
 
