@@ -71,9 +71,10 @@ class AutoTreeReport:
     nodes: list[int] = None
 
 
-def _accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
+def greedy_accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
     """Greedy tokens per step for the subtree ``keep`` (node ids, root included) when
-    the target's continuation is ``truth``: matched drafts + the bonus token."""
+    the target's continuation is ``truth`` (token ids): the drafts matched along one
+    root-to-node path, plus the bonus token (so at least 1)."""
     kids = tree.children()
     node, n = 0, 0
     tokens = tree.tokens.tolist()
@@ -85,8 +86,10 @@ def _accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
     return n + 1
 
 
-def _budget_subtree(tree: Tree, budget: int) -> set[int]:
-    """Node ids of the best ``budget`` nodes by joint probability (a subtree)."""
+def budget_subtree(tree: Tree, budget: int) -> set[int]:
+    """Node ids of the root and the best ``budget`` drafted nodes by joint draft
+    probability (ties: shallower, then earlier); a subtree, since a node's joint
+    probability never exceeds its parent's."""
     joint = [1.0] * len(tree)
     for i in range(1, len(tree)):
         joint[i] = joint[tree.parents[i]] * tree.draft_probs[i]
@@ -94,7 +97,9 @@ def _budget_subtree(tree: Tree, budget: int) -> set[int]:
     return {0, *order[:budget]}
 
 
-def _time(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int) -> float:
+    """Median wall time in ms of ``repeats`` calls of ``fn`` after one warm-up call (CUDA
+    synchronised after each call when a GPU is present)."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -112,7 +117,7 @@ def pool_size(tree: TreeConfig, depth: int) -> int:
     return tree.topk + max(0, depth - 1) * tree.topk ** 2
 
 
-def _verify_once(target, cache, prefix_len: int, tree: Tree):
+def verify_once(target, cache, prefix_len: int, tree: Tree):
     """A callable that runs one verification forward of ``tree`` on top of the
     ``prefix_len`` cached tokens, then crops the cache back (for timing)."""
     tokens = tree.tokens.to(target.device)[None]
@@ -141,7 +146,7 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list
         for n in sizes:
             chain = Tree(ids[0, prefix_len: prefix_len + n], list(range(-1, n - 1)), list(range(n)),
                          [1.0] * n)
-            out.append(_time(_verify_once(target, cache, prefix_len, chain), repeats))
+            out.append(median_ms(verify_once(target, cache, prefix_len, chain), repeats))
     return out
 
 
@@ -222,7 +227,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
                 tree = drafter.draft(seq[pos], depth)
                 truth = seq[pos + 1: pos + 1 + depth]
                 for b in budgets:
-                    lengths[b].append(_accepted_length(tree, _budget_subtree(tree, b), truth))
+                    lengths[b].append(greedy_accepted_length(tree, budget_subtree(tree, b), truth))
                 drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1], seq[pos: pos + 1])
     if not lengths[budgets[0]]:
         log.warning("auto tree: no calibration prompt fits the model's context of %d; "
@@ -242,17 +247,17 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         drafter.observe(out.hidden_pre, out.hidden_post, ids[0].tolist())
 
         def verify(tree: Tree):
-            return _verify_once(target, cache, prefix_len, tree)
+            return verify_once(target, cache, prefix_len, tree)
 
         root = int(ids[0, -1])
-        plain_ms = _time(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
+        plain_ms = median_ms(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
         draft_ms, verify_ms, nodes = [], [], []
         for b in budgets:
             drafter.tree = replace(big, budget=b)
             tree = drafter.draft(root, depth)
             nodes.append(len(tree) - 1)
-            draft_ms.append(_time(lambda: drafter.draft(root, depth), repeats))
-            verify_ms.append(_time(verify(tree), repeats))
+            draft_ms.append(median_ms(lambda: drafter.draft(root, depth), repeats))
+            verify_ms.append(median_ms(verify(tree), repeats))
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
     if speed[best] <= 1.0 / plain_ms:  # no tree pays for itself: do not draft

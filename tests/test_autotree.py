@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
-from clover.autotree import (_accepted_length, _budget_subtree, auto_tree, pool_size, resolve_tree,
-                             time_forward)
+from clover.autotree import (auto_tree, budget_subtree, greedy_accepted_length, pool_size,
+                             resolve_tree, time_forward)
 from clover.tree import Tree, grow_dynamic
 from conftest import path_tokens, perturb, tiny_target
 
@@ -20,7 +20,7 @@ def test_budget_subtree_equals_growing_with_that_budget():
     big = grow_dynamic(0, TreeConfig(budget=40, topk=3), expand, 4)
     for b in (1, 3, 7, 15):
         small = grow_dynamic(0, TreeConfig(budget=b, topk=3), expand, 4)
-        keep = _budget_subtree(big, b)
+        keep = budget_subtree(big, b)
         paths_big = {path_tokens(big, i) for i in keep}
         paths_small = {path_tokens(small, i) for i in range(len(small))}
         assert paths_big == paths_small
@@ -28,10 +28,10 @@ def test_budget_subtree_equals_growing_with_that_budget():
 
 def test_accepted_length_counts_matches_plus_bonus():
     tree = Tree(torch.tensor([9, 1, 2, 3, 4]), [-1, 0, 0, 2, 3], [0, 1, 1, 2, 3], [1, .6, .4, .5, .5])
-    assert _accepted_length(tree, {0, 1, 2, 3, 4}, [2, 3, 4]) == 4
-    assert _accepted_length(tree, {0, 1, 2, 3}, [2, 3, 4]) == 3
-    assert _accepted_length(tree, {0, 1, 2, 3, 4}, [1, 3]) == 2
-    assert _accepted_length(tree, {0, 1}, [7]) == 1
+    assert greedy_accepted_length(tree, {0, 1, 2, 3, 4}, [2, 3, 4]) == 4
+    assert greedy_accepted_length(tree, {0, 1, 2, 3}, [2, 3, 4]) == 3
+    assert greedy_accepted_length(tree, {0, 1, 2, 3, 4}, [1, 3]) == 2
+    assert greedy_accepted_length(tree, {0, 1}, [7]) == 1
 
 
 def test_auto_tree_on_a_tiny_model(tmp_path):
@@ -71,7 +71,7 @@ def test_time_forward_times_each_size():
 
 
 def _scripted_time(plain_ms, other_ms):
-    """A stand-in for autotree._time: the first call (the plain step) costs ``plain_ms``,
+    """A stand-in for autotree.median_ms: the first call (the plain step) costs ``plain_ms``,
     every later one (drafting, verification) ``other_ms``."""
     calls = []
 
@@ -88,7 +88,7 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
 
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
-    monkeypatch.setattr(at, "_time", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
+    monkeypatch.setattr(at, "median_ms", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.off and report.chosen == 0 and "speculation off" in tree.describe()
     out = Engine(target, heads, tree).generate([5, 6, 7], 12)
@@ -96,7 +96,7 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     assert all(len(s.nodes) == 1 for s in out.steps)  # nothing drafted
     # stored as "off" and read back as off
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
-    monkeypatch.setattr(at, "_time", _scripted_time(10.0, 0.01))  # drafting is nearly free
+    monkeypatch.setattr(at, "median_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
