@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from clover.methods import METHOD_LABELS
-from clover.trace import StepTrace
+from clover.trace import StepTrace, acceptance_by_depth  # noqa: F401  (the one definition)
 
 # Status of a node in a step's candidate tree (plus the bonus token drawn after it).
 # CUT: accepted by verification but after the end of generation, so never committed.
@@ -115,24 +115,6 @@ def run_stats(steps: Sequence[StepTrace]) -> RunStats:
         draft_ms=sum(s.draft_ms for s in steps) / n,
         verify_ms=sum(s.verify_ms for s in steps) / n,
     )
-
-
-def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
-    """Per draft depth d >= 1: (d, steps whose accepted path reached depth d, steps that
-    drafted a node at depth d). Their ratio is the acceptance rate at depth d.
-
-    Only committed tokens count: where generation ended inside a step's accepted block
-    (EOS, stop string, length), the depths past the end are neither reached nor drafted.
-    """
-    drafted: dict[int, int] = {}
-    reached: dict[int, int] = {}
-    for s in steps:
-        limit = len(s.accepted) - 1 if not s.bonus_committed else None
-        for d in {n.depth for n in s.nodes if n.depth > 0 and (limit is None or n.depth <= limit)}:
-            drafted[d] = drafted.get(d, 0) + 1
-        for d in range(1, len(s.accepted)):
-            reached[d] = reached.get(d, 0) + 1
-    return [(d, reached.get(d, 0), drafted[d]) for d in sorted(drafted)]
 
 
 def best_step(steps: Sequence[StepTrace]) -> int:

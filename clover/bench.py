@@ -25,7 +25,7 @@ from clover.acceptance import SamplingConfig
 from clover.engine import Engine
 from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.prompts import interleave_categories, read_prompts
-from clover.trace import GenerationResult
+from clover.trace import GenerationResult, acceptance_rates
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,11 @@ class BenchConfig:
 
 @dataclass
 class RunRecord:
-    """One method on one prompt in one repeat (all turns together)."""
+    """One method on one prompt in one repeat (all turns together).
+
+    ``acceptance_per_depth[d - 1]`` is the acceptance rate at draft depth d
+    (:func:`clover.trace.acceptance_rates`: of the steps that drafted depth d, the share
+    that accepted a token there)."""
 
     question_id: str
     category: str
@@ -100,14 +104,6 @@ def lookup_share(steps) -> float | None:
     if not accepted:
         return None
     return sum(1 for n in accepted if n.source in ("lookup", "both")) / len(accepted)
-
-
-def acceptance_per_depth(results: list[GenerationResult], depth: int) -> list[float]:
-    """Share of steps whose accepted path reached depth d, for d = 1..depth."""
-    steps = [s for r in results for s in r.steps]
-    if not steps or depth < 1:
-        return []
-    return [sum(1 for s in steps if len(s.accepted) > d) / len(steps) for d in range(1, depth + 1)]
 
 
 class HFPromptLookup:
@@ -273,7 +269,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                     repeat=r, new_tokens=new, wall_s=wall,
                     tokens_per_second=new / wall if wall > 0 else 0.0, steps=steps,
                     mean_accepted_length=new / steps if steps else 0.0,
-                    acceptance_per_depth=acceptance_per_depth(results, depth),
+                    acceptance_per_depth=acceptance_rates(all_steps, depth),
                     draft_ms=statistics.fmean(s.draft_ms for s in all_steps) if all_steps else 0.0,
                     verify_ms=statistics.fmean(s.verify_ms for s in all_steps) if all_steps else 0.0,
                     text=[x.text for x in results],

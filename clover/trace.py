@@ -7,6 +7,7 @@ benchmark and the notebooks only read these records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass
@@ -150,3 +151,31 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
             "seed": self.seed,
         }
+
+
+def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
+    """Acceptance per depth, the one definition (app, bench, notebooks): per draft depth
+    d >= 1, (d, steps whose accepted path reached depth d, steps that drafted a node at
+    depth d). Their ratio, :func:`acceptance_rates`, is the acceptance rate at depth d:
+    of the steps that drafted depth d, the share that accepted a token there. Steps that
+    drafted nothing that deep (a shallower or empty tree) do not count against it.
+
+    Only committed tokens count: where generation ended inside a step's accepted block
+    (EOS, stop string, length), the depths past the end are neither reached nor drafted.
+    """
+    drafted: dict[int, int] = {}
+    reached: dict[int, int] = {}
+    for s in steps:
+        limit = len(s.accepted) - 1 if not s.bonus_committed else None
+        for d in {n.depth for n in s.nodes if n.depth > 0 and (limit is None or n.depth <= limit)}:
+            drafted[d] = drafted.get(d, 0) + 1
+        for d in range(1, len(s.accepted)):
+            reached[d] = reached.get(d, 0) + 1
+    return [(d, reached.get(d, 0), drafted[d]) for d in sorted(drafted)]
+
+
+def acceptance_rates(steps: Sequence[StepTrace], depth: int) -> list[float]:
+    """The acceptance rate at depths 1..``depth`` (:func:`acceptance_by_depth`: reached
+    over drafted), 0.0 at a depth no step drafted."""
+    rows = {d: reached / drafted for d, reached, drafted in acceptance_by_depth(steps)}
+    return [rows.get(d, 0.0) for d in range(1, depth + 1)]

@@ -134,7 +134,7 @@ def step_costs(device: str, dry: bool) -> dict:
     import torch
 
     from clover import new_heads
-    from clover.autotree import time_forward, verify_once
+    from clover.autotree import time_forward
     from clover.cache import new_cache
     from clover.tree import Tree, TreeConfig
 

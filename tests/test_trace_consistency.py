@@ -8,6 +8,7 @@ import torch
 from app import figures, metrics
 from clover import Engine
 from clover.models import TextStream
+from clover.trace import acceptance_rates
 from conftest import ScriptedHeads, chain_fn, tiny_target
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,8 @@ def test_eos_inside_an_accepted_block(case):
     assert metrics.node_statuses(last)[last.cut[0]] == metrics.CUT
     # depth 4 of the last step was verified but never committed: it counts nowhere
     assert metrics.acceptance_by_depth(out.steps) == [(1, 2, 2), (2, 2, 2), (3, 2, 2), (4, 1, 1)]
+    # the bench's rates are the same counts (one definition): 0.0 where nothing was drafted
+    assert acceptance_rates(out.steps, 5) == [1.0, 1.0, 1.0, 1.0, 0.0]
     assert "end of sequence" in figures.step_title(last)
 
 
