@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from clover.cpu_linear import use_few_row_linears
 from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter,
                                check_fits, fingerprint_matches)
 from clover.heads.clover import CloverHeads
@@ -29,7 +28,7 @@ def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config)
         draft_vocab = sorted(set(int(t) for t in draft_vocab))
         config["draft_vocab_size"] = len(draft_vocab)
     cfg = HeadConfig.for_target(kind, target, num_heads=num_heads, **config)
-    heads = _build(cfg, target)
+    heads = DraftHeads.build(cfg, target)
     if draft_vocab is not None:
         heads.set_draft_vocab(draft_vocab)
     return heads.init_from_target(target).to(device=target.device, dtype=target.dtype).eval()
@@ -42,22 +41,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
         FileNotFoundError: when ``path`` holds no heads.
         ValueError: when the heads do not fit the target (hidden size or vocabulary).
     """
-    cfg = DraftHeads.read_config(path)
-    check_fits(cfg, target)
-    if cfg.target and cfg.target != target.name and not fingerprint_matches(cfg, target):
-        log.warning("heads in %s were trained for %s, not %s", path, cfg.target, target.name)
-    heads = _build(cfg, target).to(device=target.device, dtype=target.dtype)
-    heads.load_weights(path)
-    return heads.eval().requires_grad_(False)
-
-
-def _build(cfg: HeadConfig, target) -> DraftHeads:
-    """Uninitialised heads of ``cfg.kind`` whose linear layers take the few-row CPU path."""
-    if cfg.kind == "medusa":
-        heads = MedusaHeads(cfg)
-    else:  # the kinds with an Augmenting Block, built from the target's config
-        heads = {"clover": CloverHeads, "clover2": Clover2Heads}[cfg.kind](cfg, target.config)
-    return use_few_row_linears(heads)
+    return DraftHeads.from_pretrained(path, target)
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",

@@ -14,6 +14,7 @@ compared on identical machinery. Plain decoding is :class:`PlainDrafter`: the em
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -22,8 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from clover.cpu_linear import few_row_linear
+from clover.cpu_linear import few_row_linear, use_few_row_linears
 from clover.tree import Tree, TreeConfig, grow_tree, root_only
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -210,9 +213,41 @@ def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_toke
 
 
 class DraftHeads(nn.Module):
-    """Base class of Medusa, Clover and Clover-2 heads: config, save/load, drafter factory."""
+    """Base class of Medusa, Clover and Clover-2 heads: config, save/load, drafter factory.
+
+    A subclass declares the ``kind`` it implements (a :data:`HEAD_KINDS` name) as a class
+    attribute, and with it registers itself: :meth:`build` and :meth:`from_pretrained`
+    find the class of a config's kind that way (importing ``clover.heads`` registers
+    every kind).
+    """
 
     kind = ""
+    _classes: dict = {}  # kind -> the class that declares it (filled by __init_subclass__)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__ and cls.kind:
+            DraftHeads._classes[cls.kind] = cls
+
+    @classmethod
+    def from_config(cls, config: HeadConfig, target) -> "DraftHeads":
+        """Uninitialised heads of this class for ``target``; built from the target's
+        transformers config (the Augmenting Block's layers) unless a subclass needs only
+        ``config``."""
+        return cls(config, target.config)
+
+    @staticmethod
+    def build(config: HeadConfig, target) -> "DraftHeads":
+        """Uninitialised heads of ``config.kind`` for ``target``, their linear layers on
+        the few-row CPU path (``clover.cpu_linear``).
+
+        Raises:
+            ValueError: when no heads class declares that kind.
+        """
+        cls = DraftHeads._classes.get(config.kind)
+        if cls is None:
+            raise ValueError(f"no heads class implements kind {config.kind!r}")
+        return use_few_row_linears(cls.from_config(config, target))
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -292,12 +327,15 @@ class DraftHeads(nn.Module):
             ValueError: when the heads do not fit the target (hidden size or vocabulary),
                 or are not of this class's kind.
         """
-        from clover.heads import load_heads
-
-        heads = load_heads(path, target)
-        if cls.kind and heads.config.kind != cls.kind:
-            raise ValueError(f"{path} holds {heads.config.kind} heads, not {cls.kind}")
-        return heads
+        config = cls.read_config(path)
+        if cls.kind and config.kind != cls.kind:
+            raise ValueError(f"{path} holds {config.kind} heads, not {cls.kind}")
+        check_fits(config, target)
+        if config.target and config.target != target.name and not fingerprint_matches(config, target):
+            log.warning("heads in %s were trained for %s, not %s", path, config.target, target.name)
+        heads = DraftHeads.build(config, target).to(device=target.device, dtype=target.dtype)
+        heads.load_weights(path)
+        return heads.eval().requires_grad_(False)
 
     def load_weights(self, path: str | Path) -> None:
         """Load ``model.safetensors`` from a heads folder (strict)."""

@@ -23,6 +23,11 @@ class MedusaHeads(DraftHeads):
 
     kind = "medusa"
 
+    @classmethod
+    def from_config(cls, config: HeadConfig, target) -> "MedusaHeads":
+        """Medusa heads need only their config."""
+        return cls(config)
+
     def __init__(self, config: HeadConfig):
         super().__init__(config)
         d, v = config.hidden_size, config.draft_vocab_size or config.vocab_size
