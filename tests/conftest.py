@@ -101,10 +101,13 @@ class ScriptedDrafter:
 
 
 class ScriptedHeads(DraftHeads):
-    """A test double for draft heads: the engine sees it like Medusa or Clover heads."""
+    """A test double for draft heads: the engine sees it like Medusa or Clover heads, and
+    its runs are named after the kind it declares ("scripted"), not after a real kind."""
+
+    kind = "scripted"
 
     def __init__(self, target, tree_fn):
-        super().__init__(HeadConfig.for_target("medusa", target))
+        super().__init__(HeadConfig.for_target(self.kind, target))
         self.tree_fn = tree_fn
 
     def drafter(self, target, tree):

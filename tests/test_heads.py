@@ -115,6 +115,25 @@ def test_head_config_errors():
         HeadConfig(kind="clover", hidden_size=10, num_attention_heads=3)
 
 
+def test_a_heads_class_declares_its_kind():
+    """Kinds are open: a DraftHeads subclass (here the tests' scripted double) declares its
+    own kind, and the engine names its runs after it; a kind nobody declares is refused."""
+    from clover import Engine
+    from clover.heads import DraftHeads, MedusaHeads
+    from conftest import ScriptedHeads, chain_fn
+
+    target = tiny_target("llama")
+    prompt = [5, 6, 7]
+    ref = Engine(target).generate(prompt, 6)
+    heads = ScriptedHeads(target, chain_fn(prompt + ref.token_ids))
+    out = Engine(target, heads).generate(prompt, 6)
+    assert heads.config.kind == "scripted" and out.method == "scripted"
+    assert out.token_ids == ref.token_ids and out.mean_accepted_length > 1
+    assert isinstance(DraftHeads.build(HeadConfig.for_target("medusa", target), target), MedusaHeads)
+    with pytest.raises(ValueError, match="unknown head kind"):
+        HeadConfig(kind="eagle")
+
+
 def test_from_pretrained_checks_kind(tmp_path):
     from clover.heads import CloverHeads, DraftHeads, MedusaHeads
 

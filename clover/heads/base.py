@@ -41,7 +41,8 @@ class HeadConfig:
     """Sizes and provenance of a set of draft heads (saved as ``config.json``).
 
     Attributes:
-        kind: "medusa", "clover" or "clover2" (:data:`HEAD_KINDS`).
+        kind: "medusa", "clover" or "clover2" (:data:`HEAD_KINDS`), or the kind another
+            :class:`DraftHeads` subclass declares (e.g. a test double).
         num_heads: K, tokens drafted beyond the root (depth of the tree).
         hidden_size: D of the target.
         vocab_size: V of the target.
@@ -83,7 +84,7 @@ class HeadConfig:
     target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.kind not in HEAD_KINDS:
+        if self.kind not in HEAD_KINDS and self.kind not in DraftHeads._classes:
             raise ValueError(f"unknown head kind {self.kind!r}; use one of {', '.join(HEAD_KINDS)}")
         if self.augment_layers < 0:
             raise ValueError(f"augment_layers must be >= 0, got {self.augment_layers}")
@@ -215,10 +216,10 @@ def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_toke
 class DraftHeads(nn.Module):
     """Base class of Medusa, Clover and Clover-2 heads: config, save/load, drafter factory.
 
-    A subclass declares the ``kind`` it implements (a :data:`HEAD_KINDS` name) as a class
-    attribute, and with it registers itself: :meth:`build` and :meth:`from_pretrained`
-    find the class of a config's kind that way (importing ``clover.heads`` registers
-    every kind).
+    A subclass declares the ``kind`` it implements (a :data:`HEAD_KINDS` name, or a new
+    one) as a class attribute, and with it registers itself: :class:`HeadConfig` accepts
+    that kind, and :meth:`build` and :meth:`from_pretrained` find the class of a config's
+    kind that way (importing ``clover.heads`` registers every shipped kind).
     """
 
     kind = ""
