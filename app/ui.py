@@ -254,7 +254,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                             elem_id="lookup",
                             info="Medusa and Clover also draft what followed the last words "
                                  "earlier in the prompt or answer (no training), in the same "
-                                 "tree and node budget; ringed nodes came from lookup.")
+                                 "tree, sized each step to what pays on this machine; "
+                                 "ringed nodes came from lookup.")
                         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
                                                 info="0 = greedy; above 0 = lossless speculative "
                                                      "sampling")

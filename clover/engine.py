@@ -43,8 +43,9 @@ class Engine:
             decoding). The setting "auto" is resolved before, at the edges, by
             ``clover.autotree.resolve_tree``.
         lookup: prompt lookup drafting (``clover.lookup``): alone (no heads) it is the
-            method "lookup"; with heads it adds a lookup branch to their tree within the
-            same node budget ("medusa+lookup", "clover+lookup").
+            method "lookup"; with heads it adds a lookup branch to their tree
+            ("medusa+lookup", "clover+lookup"; sized per step, see
+            ``clover.lookup.HybridDrafter``).
     Raises:
         ValueError: when the heads do not fit the target, or ``tree`` is still "auto".
     """

@@ -11,8 +11,9 @@ Two ways to use it, both on the one engine (``clover.engine``):
 * the method ``lookup`` on its own: :class:`LookupDrafter` drafts the chain;
 * a lookup *branch* inside Medusa's or Clover's tree (``Engine(..., lookup=...)`` with
   heads): :class:`HybridDrafter` merges the chain into the heads' tree, sharing the
-  nodes where both propose the same token, and keeps the tree within the heads' node
-  budget by joint probability (:func:`merge_branch`).
+  nodes where both propose the same token (:func:`merge_branch`). Each step it drafts
+  the heads' tree, the chain alone or both, whichever promises the most tokens per ms
+  on this machine (:func:`plan_step`).
 
 The chain length adapts to this machine: with the verify cost curve ``costs`` (ms for a
 forward over 1, 2, ... tokens, from ``clover.autotree.verify_costs``) and the running
