@@ -187,7 +187,7 @@ def test_plan_step_picks_the_fastest_tree():
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_hybrid_with_costs_drafts_past_the_head_budget_and_stays_exact(arch):
     """With a cost curve, a sure match drafts a chain longer than the heads' one-node
-    budget, and lookup-only steps skip the heads; greedy output is still plain's."""
+    budget; greedy output is still plain's."""
     target = tiny_target(arch)
     plain = Engine(target).generate(REPETITIVE, 40)
     flat = LookupConfig(max_tokens=4, costs=(10.0,) * 5)  # verifying more costs nothing
@@ -198,8 +198,8 @@ def test_hybrid_with_costs_drafts_past_the_head_budget_and_stays_exact(arch):
         assert res.token_ids == plain.token_ids, kind
         lookup_nodes = [sum(n.source in ("lookup", "both") for n in s.nodes) for s in res.steps]
         assert max(lookup_nodes) > 1  # past the heads' budget of 1
-        sources = [{n.source for n in s.nodes} for s in res.steps]
-        assert any("head" not in s and "both" not in s and "lookup" in s for s in sources)
+        # (which of heads/lookup/both a step takes depends on measured drafting ms:
+        # test_plan_step_picks_the_fastest_tree checks that choice with fixed numbers)
         assert all(len(s.nodes) - 1 <= 1 + 4 for s in res.steps)  # heads' budget + the chain
 
 
