@@ -32,6 +32,7 @@ import torch
 
 from clover.tree import Tree, root_only
 
+PREFER = ("latest", "earliest", "longest")
 LOOKUP = "lookup"  # the node source of lookup tokens; "head" for the heads', "both" for shared
 
 
@@ -43,8 +44,12 @@ class LookupConfig:
         max_ngram / min_ngram: the longest and shortest tail matched (longest first).
         max_tokens: the most tokens proposed per step.
         prefer: which earlier occurrence proposes the continuation: "latest" (the most
-            recent, usually the most relevant in generated text) or "earliest" (as
-            transformers' implementation does).
+            recent, usually the most relevant in generated text), "earliest" (as
+            transformers' implementation does) or "longest" (of the latest
+            ``max_candidates`` occurrences of the matched tail, the one whose context
+            agrees furthest back, up to ``max_match`` tokens; ties to the latest).
+        max_match: how far back "longest" compares contexts, in tokens.
+        max_candidates: how many occurrences "longest" compares.
         costs: verify cost curve in ms for 1, 2, ... tokens; empty = always propose
             ``max_tokens`` (no adaptation).
     Raises:
@@ -56,6 +61,8 @@ class LookupConfig:
     max_tokens: int = 10
     prefer: str = "latest"
     costs: tuple[float, ...] = ()
+    max_match: int = 32
+    max_candidates: int = 64
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram <= 16:
@@ -63,8 +70,11 @@ class LookupConfig:
                              f"got {self.min_ngram}..{self.max_ngram}")
         if not 1 <= self.max_tokens <= 64:
             raise ValueError(f"lookup max_tokens must be in [1, 64], got {self.max_tokens}")
-        if self.prefer not in ("latest", "earliest"):
-            raise ValueError(f"lookup prefer must be 'latest' or 'earliest', got {self.prefer!r}")
+        if self.prefer not in PREFER:
+            raise ValueError(f"lookup prefer must be one of {PREFER}, got {self.prefer!r}")
+        if self.max_match < self.max_ngram or self.max_candidates < 1:
+            raise ValueError(f"lookup max_match must be >= max_ngram ({self.max_ngram}) and "
+                             f"max_candidates >= 1, got {self.max_match}, {self.max_candidates}")
         if any(not c > 0 for c in self.costs):
             raise ValueError("lookup costs must be positive times in ms")
 
@@ -88,7 +98,8 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, i + 1) + 1):
                 self.ends.setdefault(tuple(self.tokens[i - n + 1:]), []).append(i)
 
-    def find(self, root: int, length: int, prefer: str = "latest") -> tuple[list[int], int]:
+    def find(self, root: int, length: int, prefer: str = "latest", max_match: int = 32,
+             max_candidates: int = 64) -> tuple[list[int], int]:
         """The tokens that followed an earlier occurrence of the tail of
         ``tokens + [root]``, longest tail first.
 
@@ -96,19 +107,39 @@ class NgramIndex:
         tokens before the root, the text since then repeats with period p, so a loop such
         as ``7 7 7`` proposes ``7 7 7 ...`` rather than stopping at the root.
 
+        Args:
+            prefer: "latest", "earliest" or "longest" (see :class:`LookupConfig`).
+            max_match, max_candidates: the reach of "longest".
         Returns:
-            (up to ``length`` proposed tokens, the matched n), or ([], 0) when no tail of
-            ``min_n``..``max_n`` tokens occurred before.
+            (up to ``length`` proposed tokens, the match length: the matched n, or with
+            "longest" how many tokens agree before the root, up to ``max_match``), or
+            ([], 0) when no tail of ``min_n``..``max_n`` tokens occurred before.
         """
         full = self.tokens + [int(root)]
         for n in range(min(self.max_n, len(full) - 1), self.min_n - 1, -1):
             ends = self.ends.get(tuple(full[-n:]))
             if not ends:
                 continue
-            end = ends[-1] if prefer == "latest" else ends[0]
+            if prefer == "longest":
+                end, matched = ends[-1], -1
+                for e in reversed(ends[-max_candidates:]):
+                    m = n
+                    while m < max_match and e - m >= 0 and full[e - m] == full[-1 - m]:
+                        m += 1
+                    if m > matched:
+                        end, matched = e, m
+                n = matched
+            else:
+                end = ends[-1] if prefer == "latest" else ends[0]
             period = len(full) - end - 1  # >= 1: the occurrence ends before the root
             return [full[end + 1 + j % period] for j in range(length)], n
         return [], 0
+
+
+def match_bucket(matched: int) -> int:
+    """The group of a match length whose acceptance rate is tracked together:
+    1, 2, 3, 4, then 5-7, 8-15 and 16 or more (keyed by their smallest length)."""
+    return matched if matched <= 4 else 5 if matched < 8 else 8 if matched < 16 else 16
 
 
 def find_continuation(tokens: Sequence[int], max_ngram: int = 3, min_ngram: int = 1,
@@ -119,7 +150,7 @@ def find_continuation(tokens: Sequence[int], max_ngram: int = 3, min_ngram: int 
         return [], 0
     index = NgramIndex(min_ngram, max_ngram)
     index.extend(tokens[:-1])
-    return index.find(tokens[-1], length, prefer)
+    return index.find(tokens[-1], length, prefer, max(32, max_ngram))
 
 
 def best_length(costs: Sequence[float], rate: float, max_len: int) -> int:
@@ -139,27 +170,32 @@ def best_length(costs: Sequence[float], rate: float, max_len: int) -> int:
 
 class LookupDrafter:
     """Per-run lookup state: an n-gram index of the prompt and the committed text, and
-    how often its proposals were accepted (per matched n, so long matches earn long
-    chains). Implements the :class:`clover.heads.base.Drafter` protocol."""
+    how often its proposals were accepted (per match length, :func:`match_bucket`, so
+    long matches earn long chains). Implements the :class:`clover.heads.base.Drafter` protocol."""
 
     def __init__(self, cfg: LookupConfig):
         self.cfg = cfg
         self.index = NgramIndex(cfg.min_ngram, cfg.max_ngram)
-        # accepted / tried lookup tokens per matched n, with a prior of 1 of 2
-        self.stats = {n: [1.0, 2.0] for n in range(cfg.min_ngram, cfg.max_ngram + 1)}
+        # accepted / tried lookup tokens per match length bucket, with a prior of 1 of 2
+        self.stats: dict[int, list[float]] = {}
         self.pending: tuple[list[int], int] | None = None  # last chain proposed, its n
         # a continuation found but not drafted (too costly at its rate): its first token is
         # still scored against the next root, so a rate that fell can recover
         self.shadow: tuple[int, int] | None = None
 
-    def rate(self, n: int) -> float:
-        accepted, tried = self.stats[n]
+    def _stat(self, matched: int) -> list[float]:
+        return self.stats.setdefault(match_bucket(matched), [1.0, 2.0])
+
+    def rate(self, matched: int) -> float:
+        """The acceptance rate per lookup token of chains with this match length."""
+        accepted, tried = self._stat(matched)
         return accepted / tried
 
     def _score_shadow(self, actual: int) -> None:
         token, n = self.shadow
-        self.stats[n][0] += token == int(actual)
-        self.stats[n][1] += 1
+        stat = self._stat(n)
+        stat[0] += token == int(actual)
+        stat[1] += 1
         self.shadow = None
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
@@ -175,8 +211,9 @@ class LookupDrafter:
             k = 0
             while k < min(len(chain), len(got)) and chain[k] == got[k]:
                 k += 1
-            self.stats[n][0] += k
-            self.stats[n][1] += min(k + 1, len(chain))
+            stat = self._stat(n)
+            stat[0] += k
+            stat[1] += min(k + 1, len(chain))
             self.pending = None
         self.index.extend(tokens)
 
@@ -186,7 +223,9 @@ class LookupDrafter:
         Call :meth:`commit` with what was drafted of it before the next step."""
         if self.shadow is not None:  # nothing was accepted: the root is the next token
             self._score_shadow(root_token)
-        return self.index.find(root_token, min(max_len, self.cfg.max_tokens), self.cfg.prefer)
+        cfg = self.cfg
+        return self.index.find(root_token, min(max_len, cfg.max_tokens), cfg.prefer,
+                               cfg.max_match, cfg.max_candidates)
 
     def commit(self, chain: Sequence[int], n: int, drafted: int) -> None:
         """Record that the first ``drafted`` tokens of ``chain`` (from :meth:`candidates`,

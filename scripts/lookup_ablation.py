@@ -23,16 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def replay(prompt: list[int], answer: list[int], cfg) -> tuple[int, int]:
-    """(steps, tokens) of lookup decoding (fixed chain, ``cfg.costs`` ignored unless set)
-    over a known greedy ``answer``."""
-    from clover.lookup import LookupDrafter
+def replay(prompt: list[int], answer: list[int], cfg, costs=()) -> tuple[int, int, float]:
+    """(steps, tokens, modelled verify ms) of lookup decoding over a known greedy
+    ``answer``: a fixed chain length, or with ``cfg.costs`` the length that pays on that
+    cost curve (as the engine sizes it), each step costing ``verify_ms`` of its tree on
+    ``costs or cfg.costs`` (0 without either)."""
+    costs = costs or cfg.costs
+    from clover.lookup import LookupDrafter, verify_ms
 
     d = LookupDrafter(cfg)
     d.observe(None, None, prompt[:-1])
-    root, done, steps = prompt[-1], 0, 0
+    root, done, steps, ms = prompt[-1], 0, 0, 0.0
     while done < len(answer):
         chain = d.draft(root, len(answer) - done - 1).tokens.tolist()[1:]
+        ms += verify_ms(costs, 1 + len(chain)) if costs else 0.0
         k = 0
         while k < len(chain) and chain[k] == answer[done + k]:
             k += 1
@@ -41,7 +45,7 @@ def replay(prompt: list[int], answer: list[int], cfg) -> tuple[int, int]:
         root = committed[-1]
         done += len(committed)
         steps += 1
-    return steps, len(answer)
+    return steps, len(answer), ms
 
 
 def main(argv=None) -> int:
@@ -49,7 +53,7 @@ def main(argv=None) -> int:
 
     from clover import Engine, load_target
     from clover.prompts import interleave_categories, read_prompts
-    from clover.lookup import LookupConfig
+    from clover.lookup import PREFER, LookupConfig
     from clover.models import encode_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,6 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "runs" / "lookup-ablation.json"))
+    ap.add_argument("--costs", default="",
+                    help="verify cost curve, ms for 1, 2, ... tokens, comma-separated: also "
+                         "replay each setting with chains sized to it, and report the "
+                         "modelled speedup over plain decoding (tokens * costs[0] / verify ms)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     prompts = interleave_categories(read_prompts(args.prompts))[: args.max_prompts]
@@ -78,25 +86,37 @@ def main(argv=None) -> int:
                   f"{time.time() - t0:.0f} s", file=sys.stderr)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"key": key, "runs": runs}))
+    costs = tuple(float(c) for c in args.costs.split(",") if c.strip())
     settings = {f"{prefer}, n<={n}, L={L}": LookupConfig(max_ngram=n, max_tokens=L, prefer=prefer)
-                for prefer in ("latest", "earliest") for n in (2, 3, 4) for L in (4, 10)}
-    table = {}
+                for prefer in PREFER for n in (2, 3, 4) for L in (4, 10)}
+    if costs:
+        settings.update({f"{prefer}, n<={n}, sized": LookupConfig(max_ngram=n, max_tokens=len(costs) - 1,
+                                                                   prefer=prefer, costs=costs)
+                         for prefer in PREFER for n in (2, 3, 4)})
+    tables: dict[str, dict] = {"tokens_per_step": {}, "modelled_speedup": {}}
     for name, cfg in settings.items():
-        per_cat: dict[str, list[float]] = {}
+        per_cat: dict[str, list[tuple[float, float]]] = {}
         for cat, ids, answer in runs:
-            steps, tokens = replay(ids, answer, cfg)
-            per_cat.setdefault(cat, []).append(tokens / steps)
-        table[name] = {c: round(statistics.fmean(v), 3) for c, v in sorted(per_cat.items())}
-        table[name]["all"] = round(statistics.fmean(x for v in per_cat.values() for x in v), 3)
+            steps, tokens, ms = replay(ids, answer, cfg, costs)
+            per_cat.setdefault(cat, []).append((tokens / steps, tokens * costs[0] / ms if ms else 0.0))
+        per_cat["all"] = [x for v in per_cat.values() for x in v]
+        for k, key in enumerate(tables):
+            if key == "modelled_speedup" and not costs:
+                continue
+            tables[key][name] = {c: round(statistics.fmean(x[k] for x in v), 3)
+                                 for c, v in sorted(per_cat.items())}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"prompts": args.prompts, "n": len(runs),
-                                          "max_new_tokens": args.max_new_tokens,
-                                          "tokens_per_step": table}, indent=1) + "\n")
-    cats = [c for c in next(iter(table.values()))]
-    print("| setting | " + " | ".join(cats) + " |")
-    print("|---|" + "---|" * len(cats))
-    for name, row in table.items():
-        print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cats) + " |")
+                                          "max_new_tokens": args.max_new_tokens, "costs": costs,
+                                          **tables}, indent=1) + "\n")
+    for key, table in tables.items():
+        if not table:
+            continue
+        cats = list(next(iter(table.values())))
+        print(f"\n{key}\n\n| setting | " + " | ".join(cats) + " |")
+        print("|---|" + "---|" * len(cats))
+        for name, row in table.items():
+            print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cats) + " |")
     return 0
 
 

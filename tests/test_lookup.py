@@ -7,7 +7,7 @@ import torch
 
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
 from clover.lookup import (LookupConfig, LookupDrafter, NgramIndex, best_length, find_continuation,
-                           merge_branch, plan_step, verify_ms)
+                           PREFER, match_bucket, merge_branch, plan_step, verify_ms)
 from clover.tree import ancestor_matrix
 from conftest import path_tokens, perturb, tiny_target, tree_from_levels
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
@@ -19,6 +19,22 @@ def test_longest_tail_first():
     assert find_continuation(seq, max_ngram=3, length=3) == ([4, 5, 9], 3)
     assert find_continuation(seq, max_ngram=2, length=3) == ([8, 1, 2], 2)  # latest "2 3"
     assert find_continuation(seq, max_ngram=2, length=3, prefer="earliest") == ([4, 5, 9], 2)
+
+
+def test_longest_prefers_the_occurrence_whose_context_agrees_furthest():
+    # the tail "3 4" ended at index 3 (after "1 2", as now: 4 tokens agree) and at index 7
+    # (after "7": only 2 agree); "longest" takes the first although it is not the latest
+    seq = [1, 2, 3, 4, 9, 7, 3, 4, 8, 1, 2, 3, 4]
+    assert find_continuation(seq, max_ngram=2, length=2) == ([8, 1], 2)
+    assert find_continuation(seq, max_ngram=2, length=2, prefer="longest") == ([9, 7], 4)
+    # ties go to the latest, and the agreement stops at the start of the text
+    assert find_continuation([5, 6, 1, 5, 6, 2, 5, 6], max_ngram=2, prefer="longest", length=1) == ([2], 2)
+    # match lengths are bucketed for the rate: 1..4 alone, then 5-7, 8-15, 16+
+    assert [match_bucket(m) for m in (1, 4, 5, 7, 8, 15, 16, 40)] == [1, 4, 5, 5, 8, 8, 16, 16]
+    with pytest.raises(ValueError, match="prefer"):
+        LookupConfig(prefer="best")
+    with pytest.raises(ValueError, match="max_match"):
+        LookupConfig(max_ngram=4, max_match=3)
 
 
 def test_no_match_and_min_ngram():
@@ -63,7 +79,7 @@ def test_incremental_index_equals_one_shot():
     index = NgramIndex(1, 3)
     for i in range(1, len(seq)):
         index.extend([seq[i - 1]])
-        for prefer in ("latest", "earliest"):
+        for prefer in PREFER:
             assert index.find(seq[i], 4, prefer) == find_continuation(seq[: i + 1], 3, 1, 4, prefer)
 
 
@@ -265,6 +281,10 @@ def test_replayed_lookup_equals_the_engine():
     target = tiny_target("llama")
     for prompt in (REPETITIVE, [5, 6, 7, 8, 9]):
         answer = Engine(target).generate(prompt, 30).token_ids
-        for cfg in (LookupConfig(max_tokens=4), LookupConfig(max_ngram=2, max_tokens=10, prefer="earliest")):
+        for cfg in (LookupConfig(max_tokens=4), LookupConfig(max_ngram=2, max_tokens=10, prefer="earliest"),
+                    LookupConfig(max_tokens=6, prefer="longest", costs=(10, 11, 12, 14, 16, 18, 20))):
             run = Engine(target, lookup=cfg).generate(prompt, 30)
-            assert ablation.replay(prompt, answer, cfg) == (len(run.steps), len(run.token_ids))
+            steps, tokens, ms = ablation.replay(prompt, answer, cfg)
+            assert (steps, tokens) == (len(run.steps), len(run.token_ids))
+            drafted = [len(s.nodes) for s in run.steps]
+            assert ms == pytest.approx(sum(verify_ms(cfg.costs, n) for n in drafted) if cfg.costs else 0.0)
