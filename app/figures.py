@@ -43,6 +43,10 @@ METHOD_STYLE = {  # colour, bar pattern, line dash, marker
                           symbol="diamond-open"),
     "clover+lookup": dict(color=METHOD_COLORS["clover+lookup"], pattern=".", dash="longdashdot",
                           symbol="star-open"),
+    "clover2": dict(color=METHOD_COLORS["clover2"], pattern="|", dash="8px,3px,2px,3px,2px,3px",
+                    symbol="square"),
+    "clover2+lookup": dict(color=METHOD_COLORS["clover2+lookup"], pattern="+",
+                           dash="2px,6px", symbol="square-open"),
 }
 # Generated-text marks: accepted drafts in greens (darker = deeper), target tokens blue.
 DEPTH_BG = {1: "#CCEDE3", 2: "#8FD6C0", 3: "#45B894", 4: "#00795A"}

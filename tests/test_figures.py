@@ -9,6 +9,7 @@ import pytest
 from app import figures, metrics
 from app.metrics import ACCEPTED, BONUS, CUT, REJECTED, ROOT
 from clover import Engine
+from clover.methods import ALL_METHODS
 from clover.trace import StepTrace, TreeNode
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
@@ -223,6 +224,25 @@ def test_race_figure_replays_recorded_times():
     runs["clover"][-1].finished = True
     labels = {t.y[0]: t.text[0] for t in figures.race_figure(runs, 45.0).data if t.type == "bar"}
     assert labels == {"Plain": "4 tok", "Clover": "6 tok · done in 0.03 s"}
+
+
+def test_every_method_has_a_style_and_a_name_and_races():
+    assert set(figures.METHOD_STYLE) == set(ALL_METHODS)
+    assert set(metrics.METHOD_NAMES) >= set(ALL_METHODS)
+    for cue in ("dash", "symbol", "color"):  # each method tells apart by line, marker and colour
+        values = [figures.METHOD_STYLE[m][cue] for m in ALL_METHODS]
+        assert len(set(values)) == len(values), cue
+    runs = {"ar": [plain_step(i, i + 1, ms=10.0) for i in range(6)],
+            "clover2": [chain_step(0, 3, 2, ms=15.0), chain_step(1, 6, 2, ms=15.0)],
+            "clover2+lookup": [chain_step(0, 4, 3, ms=12.0)]}
+    fig = figures.race_figure(runs)
+    assert {t.y[0]: t.x[0] for t in fig.data if t.type == "bar"} == {
+        "Plain": 6, "Clover-2": 6, "Clover-2 + lookup": 4}
+    lines = {t.name: t for t in fig.data if t.type == "scatter" and t.mode == "lines"}
+    assert lines["Clover-2"].line.dash == figures.METHOD_STYLE["clover2"]["dash"]
+    assert list(lines["Clover-2"].x) == pytest.approx([0.0, 0.015, 0.030])
+    hist = figures.accepted_length_figure({m: s for m, s in runs.items() if m != "ar"})
+    assert [t.name for t in hist.data] == ["Clover-2", "Clover-2 + lookup"]
 
 
 def test_tokens_html_marks_origins():
