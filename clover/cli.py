@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from clover.methods import ALL_METHODS, HEAD_METHODS, with_lookup
+from clover.methods import ALL_METHODS, HEAD_METHODS, METHOD_LABELS, with_lookup
 
 log = logging.getLogger("clover")
 
@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="decode one prompt with one method")
     g.add_argument("--method", choices=ALL_METHODS, default="clover",
-                   help="ar (plain), lookup (prompt lookup, no training), medusa, clover, or a "
-                        "head method with a lookup branch (medusa+lookup, clover+lookup)")
+                   help="ar (plain), lookup (prompt lookup, no training), medusa, clover, clover2, "
+                        "or a head method with a lookup branch (medusa+lookup, clover+lookup, "
+                        "clover2+lookup)")
     g.add_argument("--lookup", action="store_true",
                    help="add a prompt lookup branch to the heads' tree (same as METHOD+lookup)")
     g.add_argument("--prompt", required=True, help="the user message (chat template applied)")
@@ -134,15 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "reused by later runs on the same data (e.g. Medusa then Clover)")
     t.add_argument("--device", default=None)
 
-    b = sub.add_parser("bench", help="measure plain, Medusa and Clover side by side")
+    b = sub.add_parser("bench", help="measure plain, Medusa, Clover and Clover-2 side by side")
     b.add_argument("--methods", default="ar,medusa,clover",
                    help=f"comma-separated, from {','.join(ALL_METHODS)}; also hf-lookup "
                         "(transformers' prompt lookup decoding on the same model, a reference)")
     b.add_argument("--lookup", action="store_true",
                    help="also run each listed head method with a prompt lookup branch")
     b.add_argument("--model", default=None, help="target (default: embedded model)")
-    b.add_argument("--medusa-heads", default=None, help="default: shipped or fresh heads")
-    b.add_argument("--clover-heads", default=None, help="default: shipped or fresh heads")
+    for kind in HEAD_METHODS:  # --medusa-heads, --clover-heads, --clover2-heads
+        b.add_argument(f"--{kind}-heads", default=None, metavar="DIR",
+                       help=f"{METHOD_LABELS[kind]} heads folder (default: shipped heads, fresh "
+                            "ones for another model; required where none ship)")
     b.add_argument("--prompts", default=None,
                    help="Spec-Bench-format JSONL (default: the project's held-out set, the "
                         "shipped prompts/heldout.jsonl)")
@@ -311,6 +314,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+def bench_heads_dirs(args, methods) -> dict[str, str | None]:
+    """The heads folder per head kind that ``clover bench`` was given (``--KIND-heads``,
+    None: the shipped heads, or fresh ones for another model).
+
+    Raises:
+        ValueError: a head method in ``methods`` whose kind has no folder given and no
+            shipped heads (e.g. ``clover2`` before trained heads ship): a bench of
+            untrained heads of a kind nobody trained would measure nothing.
+    """
+    from clover.heads import shipped_heads_dir
+    from clover.methods import split_method
+
+    dirs = {kind: getattr(args, f"{kind}_heads") for kind in HEAD_METHODS}
+    kinds = {split_method(m)[0] for m in methods if m in ALL_METHODS}
+    for kind in HEAD_METHODS:
+        if kind in kinds and dirs[kind] is None and shipped_heads_dir(kind) is None:
+            raise ValueError(f"no {METHOD_LABELS[kind]} heads ship with the app: pass "
+                             f"--{kind}-heads DIR (heads trained with `clover train --method "
+                             f"{kind}`) or leave {kind} out of --methods")
+    return dirs
+
+
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
     from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
@@ -326,9 +351,9 @@ def cmd_bench(args) -> int:
     if cfg.temperature < 0:
         raise ValueError("temperature must be >= 0")
     tree = parse_tree_spec(args.tree)
+    heads_dirs = bench_heads_dirs(args, cfg.methods)
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
-    heads_dirs = {"medusa": args.medusa_heads, "clover": args.clover_heads}
     engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
     for m in sorted(cfg.methods, key=lambda m: "+" in m):
         if m == HF_LOOKUP:

@@ -62,6 +62,42 @@ def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
     assert printed["all"]["clover"]["all_match_plain"] is True
 
 
+def test_bench_clover2_needs_its_heads_and_decodes_exactly(tiny_dir, prompts, tmp_path, capsys):
+    """No Clover-2 heads ship: the bench refuses clover2 without --clover2-heads; with
+    heads given, clover2 and clover2+lookup write the same text as plain decoding."""
+    from clover import load_target, new_heads
+    from conftest import perturb
+
+    argv = ["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+            "--methods", "ar,clover2", "--tree", "small"]
+    rc = main(argv + ["--out", str(tmp_path / "refused")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--clover2-heads DIR" in err and "Traceback" not in err
+    assert not (tmp_path / "refused").exists()
+
+    target = load_target(str(tiny_dir), device="cpu")
+    heads_dir = tmp_path / "clover2-heads"
+    perturb(new_heads("clover2", target, num_heads=3), scale=0.2, seed=1).save_pretrained(heads_dir)
+    out = tmp_path / "bench"
+    rc = main(argv + ["--lookup", "--clover2-heads", str(heads_dir), "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["config"]["methods"] == ["ar", "clover2", "clover2+lookup"]
+    assert res["meta"]["heads"] == {"clover2": str(heads_dir), "clover2+lookup": str(heads_dir)}
+    assert res["mismatches"] == []
+    plain = {r["question_id"]: r["text"] for r in res["runs"] if r["method"] == "ar"}
+    assert len(plain) == 3
+    for m in ("clover2", "clover2+lookup"):
+        runs = [r for r in res["runs"] if r["method"] == m]
+        assert len(runs) == 3
+        for r in runs:
+            assert r["text"] == plain[r["question_id"]] and r["matches_plain"] is True
+            assert r["mean_accepted_length"] >= 1.0 and r["steps"] > 0
+            depths = len(r["acceptance_per_depth"])  # the heads draft 3 deep, lookup may go further
+            assert depths == 3 if m == "clover2" else depths >= 3
+    assert "| clover2 |" in (out / "results.md").read_text()
+
+
 def test_bench_reads_spec_bench_format(tiny_dir, tmp_path):
     """The shared Spec-Bench file parses (only its first two questions are run)."""
     from pathlib import Path
