@@ -73,3 +73,26 @@ def test_generate_with_lookup_methods(tiny_dir, capsys):
         assert out["method"] == method and out["token_ids"] == plain
     rc = main(["generate", "--method", "ar", "--lookup"] + prompt)
     assert rc == 2 and "--method lookup" in capsys.readouterr().err
+
+
+def test_generate_with_clover2_heads_from_a_folder(tiny_dir, tmp_path, capsys):
+    """--method clover2 --heads DIR decodes with those heads exactly as plain decoding;
+    heads of another kind in DIR are refused clearly."""
+    from clover import load_target, new_heads
+    from conftest import perturb
+
+    target = load_target(str(tiny_dir), device="cpu")
+    heads_dir = tmp_path / "clover2"
+    perturb(new_heads("clover2", target, num_heads=3), scale=0.2, seed=1).save_pretrained(heads_dir)
+    common = ["--model", str(tiny_dir), "--prompt", "t5 t6 t7 t5 t6", "--max-new-tokens", "12",
+              "--raw", "--json", "--tree", "dynamic:budget=6"]
+    assert main(["generate", "--method", "ar"] + common) == 0
+    plain = json.loads(capsys.readouterr().out)["token_ids"]
+    for method in ("clover2", "clover2+lookup"):
+        assert main(["generate", "--method", method, "--heads", str(heads_dir)] + common) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["method"] == method and out["token_ids"] == plain
+        assert not out["tree"].startswith("speculation off")
+    rc = main(["generate", "--method", "clover", "--heads", str(heads_dir)] + common)
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds clover2 heads, not clover" in err and "Traceback" not in err
