@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                       ("eval-every", int), ("save-every", int), ("seed", int), ("draft-vocab", int),
                       ("max-conversations", int), ("weight-decay", float), ("dropout", float),
                       ("feature-noise", float), ("topk-weight", float), ("topk", int),
-                      ("max-len", int), ("warmup", int)):
+                      ("max-len", int), ("warmup", int), ("eval-conversations", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
     t.add_argument("--select", choices=("chain", "last"), default=None,
@@ -298,6 +298,7 @@ def cmd_train(args) -> int:
                                                "seed", "mixed_precision", "draft_vocab",
                                                "max_conversations", "weight_decay", "dropout",
                                                "feature_noise", "topk_weight", "topk", "max_len",
+                                               "eval_conversations",
                                                "warmup", "select")}
     if args.preset:
         cfg = preset(args.preset, **overrides)
