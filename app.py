@@ -22,8 +22,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None,
-                        help="heads folder, or a folder with medusa/ and clover/ subfolders "
-                             "(default: shipped heads, else freshly initialised heads)")
+                        help="heads folder, or a folder with medusa/, clover/ and clover2/ "
+                             "subfolders (default: shipped heads, else freshly initialised heads; "
+                             "Clover-2 is offered only when this folder holds Clover-2 heads)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7860)
     return parser.parse_args(argv)

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 from clover import (Engine, SamplingConfig, TreeConfig, encode_prompt, load_target,
                     parse_tree_spec)
 from clover.engine import validate_request
-from clover.methods import split_method, with_lookup
+from clover.methods import ALL_METHODS, HEAD_METHODS, METHOD_LABELS, split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,9 @@ except ImportError:  # everywhere else the plain function runs
     spaces = None
 
 METHODS = ("ar", "lookup", "medusa", "clover")  # to watch; see clover.methods.with_lookup
+# head kinds every model gets (shipped heads, else untrained ones); the other kinds of
+# clover.methods.HEAD_METHODS (Clover-2) join only where trained heads exist for them
+CORE_HEAD_KINDS = ("medusa", "clover")
 MAX_NEW_TOKENS = 512
 MAX_PROMPT_CHARS = 20_000
 MAX_TEMPERATURE = 5.0
@@ -101,8 +104,9 @@ class Settings:
 
     Attributes:
         prompt: one user message, or chat messages (multi-turn).
-        method: the method streamed step by step: "ar", "lookup", "medusa", "clover", or a
-            head method with a lookup branch ("medusa+lookup", "clover+lookup").
+        method: the method streamed step by step: "ar", "lookup", "medusa", "clover",
+            "clover2" (where the model has Clover-2 heads, see :meth:`LoadedModel.check_method`),
+            or a head method with a lookup branch ("medusa+lookup", "clover+lookup", ...).
         lookup: add a prompt lookup branch to the head methods' trees (the watched run and
             the compared ones).
         sampling: temperature 0 (greedy) or lossless sampling.
@@ -160,11 +164,12 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
     if len(str(prompt)) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt is too long ({len(str(prompt))} characters); this app "
                          f"takes up to {MAX_PROMPT_CHARS}")
-    if method in ("medusa+lookup", "clover+lookup"):  # a full name, e.g. from the API
-        method, lookup = method.split("+")[0], True
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}, "
-                         f"or medusa+lookup / clover+lookup")
+    if method in ALL_METHODS and method.endswith("+lookup"):  # a full name, e.g. from the API
+        method, lookup = split_method(method)[0], True
+    known = ("ar", "lookup", *HEAD_METHODS)
+    if method not in known:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(known)}, or a "
+                         f"head method with +lookup (e.g. clover+lookup)")
     try:
         temperature = float(temperature)
     except (TypeError, ValueError):
@@ -199,7 +204,8 @@ class LoadedModel:
     Attributes:
         key: registry key (see :func:`get_model`).
         target: the :class:`clover.TargetModel`.
-        heads: per head kind the heads ("medusa", "clover"; "ar": None).
+        heads: per head kind the heads ("medusa", "clover", and "clover2" where trained
+            Clover-2 heads were loaded; "ar": None).
         sources: per speculative method where its heads came from, e.g.
             "trained, shipped with the app", "loaded from DIR", or "untrained".
         label: how the model is named in the UI.
@@ -216,6 +222,27 @@ class LoadedModel:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _lookup: object = field(default=None, repr=False, compare=False)
     _lookup_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def head_kinds(self) -> tuple[str, ...]:
+        """The head kinds this model has heads for, in display order."""
+        return tuple(k for k in HEAD_METHODS
+                     if k in self.heads and (k in CORE_HEAD_KINDS or self.heads[k] is not None))
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods this model can run (without the lookup branch): :data:`METHODS`,
+        plus Clover-2 where Clover-2 heads were loaded."""
+        return (*METHODS, *(k for k in self.head_kinds if k not in METHODS))
+
+    def check_method(self, method: str) -> None:
+        """Raise ``ValueError`` (a message for the visitor) when ``method`` needs heads
+        this model has none of (Clover-2 without a Clover-2 heads folder)."""
+        kind = split_method(method)[0]
+        if kind is not None and kind not in self.head_kinds:
+            raise ValueError(f"there are no {METHOD_LABELS[kind]} heads for {self.label}: give a "
+                             f"folder with {kind} heads in *Model and heads* (trained with "
+                             f"`clover train --method {kind}`), or pick another method")
 
     def lookup_config(self):
         """Prompt lookup settings for this model: the chain length adapts to this machine's
@@ -261,7 +288,7 @@ class LoadedModel:
         when nothing was left to measure."""
         from clover.autotree import resolve_tree
 
-        todo = [m for m in ("medusa", "clover") if self.heads.get(m) is not None
+        todo = [m for m in self.head_kinds if self.heads.get(m) is not None
                 and m not in self.auto_trees]
         for m in list(todo):
             found = resolve_tree(self.target, self.heads[m], auto_tree(), measure=False)[0]
@@ -298,9 +325,9 @@ class LoadedModel:
     def notice(self) -> str:
         """A Markdown line about the model and its heads, with a clear warning when the
         heads are untrained."""
-        names = {"medusa": "Medusa", "clover": "Clover"}
+        names = METHOD_LABELS
         heads = " · ".join(f"**{names[m]} heads:** {'⚠ ' if m in self.untrained else ''}"
-                           f"{self.sources[m]}" for m in ("medusa", "clover"))
+                           f"{self.sources[m]}" for m in self.head_kinds)
         text = (f"**Model:** {self.label} on {self.target.device.type} · {heads}")
         if self.calibrating.is_set():
             text += (f" · **auto tree:** being sized for this machine in the background "
@@ -333,26 +360,60 @@ def target_label(target, model: str | None) -> str:
     return f"{target.name} ({'from the hub' if target.loaded_from == 'hub' else 'embedded'})"
 
 
-def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] = ("medusa", "clover"),
+def head_folders(heads_dir: str | None) -> dict[str, Path | None]:
+    """Per head kind (``clover.methods.HEAD_METHODS``) the folder under ``heads_dir`` that
+    holds heads of that kind (``clover.heads.find_heads``), None where there is none.
+
+    Raises:
+        ValueError: ``heads_dir`` is missing, or holds heads of no kind.
+    """
+    from clover.heads import find_heads
+
+    if not heads_dir:
+        return dict.fromkeys(HEAD_METHODS)
+    try:
+        folders = {k: find_heads(heads_dir, k) for k in HEAD_METHODS}
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    if not any(folders.values()):
+        raise ValueError(f"{heads_dir} holds no Medusa, Clover or Clover-2 heads (expected "
+                         f"config.json and model.safetensors, or medusa/, clover/ and clover2/ "
+                         f"subfolders)")
+    return folders
+
+
+def default_kinds(heads_dir: str | None) -> list[str]:
+    """The head kinds a model gets: Medusa and Clover always (:data:`CORE_HEAD_KINDS`),
+    the other kinds (Clover-2) only where ``heads_dir`` holds them or trained heads ship.
+
+    Raises:
+        ValueError: as :func:`head_folders`.
+    """
+    from clover.heads import shipped_heads_dir
+
+    folders = head_folders(heads_dir)
+    return [k for k in HEAD_METHODS
+            if k in CORE_HEAD_KINDS or folders[k] is not None or shipped_heads_dir(k) is not None]
+
+
+def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] | None = None,
                    num_heads: int = 3) -> tuple[dict, dict]:
     """Heads of each of ``kinds`` for ``target``, and where each came from: ``heads_dir``
-    (a heads folder, or one with medusa/ and clover/ subfolders), else the heads shipped
-    for the embedded model, else freshly initialised (untrained) heads.
+    (a heads folder, or one with medusa/, clover/ and clover2/ subfolders), else the heads
+    shipped for the embedded model, else freshly initialised (untrained) heads.
 
+    Args:
+        kinds: head kinds to load (default :func:`default_kinds`: Medusa and Clover, and
+            Clover-2 where ``heads_dir`` holds it or trained Clover-2 heads ship).
     Raises:
         ValueError: a missing folder, or heads that do not fit the target.
     """
-    from clover.heads import find_heads, heads_for
+    from clover.heads import heads_for
 
     heads, sources = {}, {}
-    try:
-        folders = {k: find_heads(heads_dir, k) if heads_dir else None
-                   for k in {"medusa", "clover", *kinds}}
-    except FileNotFoundError as e:
-        raise ValueError(str(e)) from None
-    if heads_dir and not any(folders[k] for k in ("medusa", "clover")):
-        raise ValueError(f"{heads_dir} holds no Medusa or Clover heads (expected config.json "
-                         f"and model.safetensors, or medusa/ and clover/ subfolders)")
+    folders = head_folders(heads_dir)
+    if kinds is None:
+        kinds = default_kinds(heads_dir)
     for kind in kinds:
         folder = folders[kind]
         heads[kind], sources[kind] = heads_for(kind, target, str(folder) if folder else None, num_heads)
@@ -370,7 +431,7 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     False skips it.
     """
     given = dict(heads or {})
-    missing = [k for k in ("medusa", "clover") if k not in given]
+    missing = [k for k in default_kinds(heads_dir) if k not in given]
     loaded_heads, loaded_sources = load_heads_for(target, heads_dir, missing)
     all_sources = {k: "given by the caller" for k in given}
     all_sources.update(sources or {})
@@ -439,7 +500,7 @@ def _warm_up(loaded: LoadedModel) -> None:
     background) and decode two tokens with every method once, so the first visitor's
     timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
-    for method in ("ar", "medusa", "clover"):
+    for method in ("ar", *loaded.head_kinds):
         tree = replace(loaded.tree_for(method, auto_tree()), auto=False)  # "ar": no tree to size
         Engine(loaded.target, loaded.heads[method], tree).generate(ids, 2)
 
@@ -545,12 +606,14 @@ class RunEvent:
     result: GenerationResult | None = None
 
 
-def run_order(method: str, compare: bool, lookup: bool = False) -> list[str]:
-    """Methods to run, one after another: the others first (baselines), the watched
-    ``method`` last; with ``lookup`` the head methods carry the lookup branch."""
+def run_order(method: str, compare: bool, lookup: bool = False,
+              methods: Sequence[str] = METHODS) -> list[str]:
+    """Methods to run, one after another: the others of ``methods`` first (baselines;
+    :attr:`LoadedModel.methods` for a model with Clover-2 heads), the watched ``method``
+    last; with ``lookup`` the head methods carry the lookup branch."""
     if not compare:
         return [method]
-    family = [with_lookup(m, lookup) for m in METHODS]
+    family = [with_lookup(m, lookup) for m in methods]
     return [m for m in family if m != method] + [method]
 
 
@@ -570,8 +633,12 @@ def run_methods(loaded: LoadedModel, settings: Settings,
     """Run the methods one after another (never at once) and report every step.
 
     Closing this generator stops the current run after its current step.
+
+    Raises:
+        ValueError: the method needs heads the model lacks (:meth:`LoadedModel.check_method`).
     """
-    for method in run_order(settings.method, settings.compare, settings.lookup):
+    loaded.check_method(settings.method)
+    for method in run_order(settings.method, settings.compare, settings.lookup, loaded.methods):
         live = method == settings.method
         yield RunEvent("start", method, live)
 

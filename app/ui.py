@@ -201,6 +201,14 @@ def _after_run(state: RunState, stopped: bool = False) -> tuple:
             figures.race_figure(state.runs))
 
 
+def method_choices(loaded: runner.LoadedModel) -> list[tuple[str, str]]:
+    """The "Method to watch" choices (label, method): Clover, Medusa, prompt lookup and
+    plain decoding, with Clover-2 after Clover when the model has Clover-2 heads."""
+    extra = [(METHOD_NAMES[k], k) for k in loaded.head_kinds if k not in runner.CORE_HEAD_KINDS]
+    return [("Clover", "clover"), *extra, ("Medusa", "medusa"), ("Prompt lookup", "lookup"),
+            ("Plain decoding", "ar")]
+
+
 def build_demo(model: str | None = None, heads: str | None = None, *, target=None,
                method_heads: dict | None = None, warm_up: bool | str = "background") -> gr.Blocks:
     """Build the app.
@@ -208,8 +216,9 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
     Args:
         model: hub id or local folder of the target (default: the embedded
             SmolLM2-135M-Instruct). Ignored when ``target`` is given.
-        heads: a heads folder (or one with medusa/ and clover/ subfolders); default: the
-            heads shipped for the embedded model, else freshly initialised heads.
+        heads: a heads folder (or one with medusa/, clover/ and clover2/ subfolders);
+            default: the heads shipped for the embedded model, else freshly initialised
+            heads. Clover-2 is offered only where this folder holds Clover-2 heads.
         target: an already loaded :class:`clover.TargetModel` (tests, notebooks).
         method_heads: already built heads per method, e.g. {"clover": ..., "medusa": ...}.
         warm_up: size the auto trees and decode two tokens per method once, so the first
@@ -246,9 +255,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run-button")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-button")
-                        method = gr.Radio([("Clover", "clover"), ("Medusa", "medusa"),
-                                           ("Prompt lookup", "lookup"), ("Plain decoding", "ar")],
-                                          value="clover", label="Method to watch", elem_id="method")
+                        method = gr.Radio(method_choices(loaded), value="clover",
+                                          label="Method to watch", elem_id="method")
                         lookup = gr.Checkbox(
                             value=False, label="Add a prompt lookup branch to the heads' tree",
                             elem_id="lookup",
@@ -281,8 +289,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                             heads_box = gr.Textbox(
                                 "", label="Heads folder",
                                 placeholder="empty = the model's shipped heads, else untrained heads",
-                                info="A folder saved by save_pretrained, or one with medusa/ "
-                                     "and clover/ subfolders.")
+                                info="A folder saved by save_pretrained, or one with medusa/, "
+                                     "clover/ and clover2/ subfolders.")
                         gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt],
                                     example_labels=[e["kind"] for e in examples],
                                     label="Examples: one per task kind", examples_per_page=14)
@@ -370,6 +378,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                 yield out(status="Loading the model and heads…", state=st)
             try:
                 chosen = runner.get_model(settings.model, settings.heads, default_key)
+                chosen.check_method(settings.method)
                 prompt_ids = runner.encode(chosen, settings)
             except ValueError as e:
                 st.done = True
@@ -381,7 +390,8 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
                       accept=figures.empty_figure("Per-depth acceptance after a run"),
                       hist=figures.empty_figure("Tokens per step after a run"),
                       race=figures.empty_figure("The race appears after the run"))
-            order = runner.run_order(settings.method, settings.compare, settings.lookup)
+            order = runner.run_order(settings.method, settings.compare, settings.lookup,
+                                     chosen.methods)
             try:
                 with closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
                     for ev in events:

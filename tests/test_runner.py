@@ -109,8 +109,50 @@ def test_heads_folder_lookup(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         runner.load_heads_for(target, str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="holds no Medusa or Clover heads"):
+    with pytest.raises(ValueError, match="holds no Medusa, Clover or Clover-2 heads"):
         runner.load_heads_for(target, str(tmp_path / "empty"))
+
+
+def test_clover2_joins_only_with_its_heads(tmp_path):
+    """No Clover-2 heads ship: a model gets Medusa and Clover only, and a Clover-2 run is
+    refused with a message; a heads folder with clover2/ adds Clover-2 to the methods, the
+    banner and the comparison, decoding exactly as plain."""
+    target = tiny_target("llama", vocab_size=64)
+    plain_model = runner.register_model("test-no-clover2", target, warm_up=False)
+    assert "clover2" not in plain_model.heads and plain_model.methods == runner.METHODS
+    settings = runner.parse_settings("t5 t6 t7", "clover2", 0, 10, "4")
+    with pytest.raises(ValueError, match="no Clover-2 heads for tiny-llama"):
+        list(runner.run_methods(plain_model, settings, [5, 6, 7]))
+    with pytest.raises(ValueError, match="no Clover-2 heads"):
+        plain_model.check_method("clover2+lookup")
+    plain_model.check_method("clover+lookup")  # the core kinds are always there
+
+    new_heads("clover", target, num_heads=2).save_pretrained(tmp_path / "both" / "clover")
+    new_heads("clover2", target, num_heads=3).save_pretrained(tmp_path / "both" / "clover2")
+    heads, sources = runner.load_heads_for(target, str(tmp_path / "both"))
+    assert list(heads) == ["medusa", "clover", "clover2"]
+    assert sources["clover2"] == f"loaded from {tmp_path / 'both' / 'clover2'}"
+    assert sources["medusa"].startswith("untrained") and heads["clover2"].config.kind == "clover2"
+    # a folder that holds Clover-2 heads alone is a heads folder too
+    new_heads("clover2", target, num_heads=2).save_pretrained(tmp_path / "only")
+    heads, sources = runner.load_heads_for(target, str(tmp_path / "only"))
+    assert heads["clover2"].config.num_heads == 2 and sources["clover"].startswith("untrained")
+
+    loaded = runner.register_model("test-clover2", target, heads_dir=str(tmp_path / "both"),
+                                   warm_up=False)
+    assert loaded.methods == (*runner.METHODS, "clover2")
+    assert "**Clover-2 heads:** loaded from" in loaded.notice()
+    prompt = runner.encode(loaded, settings)
+    ref = Engine(target).generate(prompt, 10)
+    events = list(runner.run_methods(loaded, settings, prompt))
+    assert [(e.method, e.live) for e in events if e.kind == "start"] == [
+        ("ar", False), ("lookup", False), ("medusa", False), ("clover", False), ("clover2", True)]
+    done = {e.method: e.result for e in events if e.kind == "done"}
+    assert all(r.token_ids == ref.token_ids for r in done.values()) and len(done) == 5
+    hybrid = runner.parse_settings("t5 t6 t7", "clover2+lookup", 0, 10, "4", compare=False)
+    assert hybrid.method == "clover2+lookup" and hybrid.lookup
+    events = list(runner.run_methods(loaded, hybrid, prompt))
+    assert [e.result.token_ids for e in events if e.kind == "done"] == [ref.token_ids]
 
 
 def test_model_notice_says_untrained():

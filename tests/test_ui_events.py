@@ -81,3 +81,40 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])
     last = on_browse(len(steps), "clover", st)
     assert f"step {len(steps)} · 12 tokens" in last[2]
+
+
+def _method_radio(demo):
+    return next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "method")
+
+
+def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
+    """Without Clover-2 heads the method choice is unchanged and a Clover-2 run (e.g. from
+    the API) ends in a message; with a clover2/ heads folder Clover-2 can be watched and
+    races beside the others."""
+    from clover.heads import new_heads
+
+    outputs = list(handlers["on_run"]("t5 t6 t7", "clover2", 0, 6, "4", True, "", "", 0, False,
+                                      Visitor()))
+    assert "no Clover-2 heads" in outputs[-1][0] and "Traceback" not in outputs[-1][0]
+
+    target = tiny_target("llama")
+    new_heads("clover2", target, num_heads=3).save_pretrained(tmp_path / "clover2")
+    before = set(runner._MODELS)
+    demo = build_demo(target=target, heads=str(tmp_path), warm_up=False)
+    plain_demo = build_demo(target=target, warm_up=False)
+    try:
+        values = [v for _, v in _method_radio(demo).choices]
+        assert values == ["clover", "clover2", "medusa", "lookup", "ar"]
+        assert [v for _, v in _method_radio(plain_demo).choices] == ["clover", "medusa", "lookup", "ar"]
+        on_run = next(f.fn for f in demo.fns.values() if f.fn is not None and f.fn.__name__ == "on_run")
+        outputs = list(on_run("t5 t6 t7", "clover2", 0, 8, "4", True, "", "", 0, False, Visitor()))
+        assert "Done" in outputs[-1][0] and "Run 5 of 5" in " ".join(o[0] for o in outputs
+                                                                   if isinstance(o[0], str))
+        st = outputs[-1][-1]
+        assert st.results["clover2"].token_ids == st.results["ar"].token_ids
+        race = outputs[-1][10]
+        assert {t.y[0] for t in race.data if t.type == "bar"} == {
+            "Plain", "Lookup", "Medusa", "Clover", "Clover-2"}
+    finally:
+        for key in set(runner._MODELS) - before:
+            del runner._MODELS[key]
