@@ -74,16 +74,9 @@ class AutoTreeReport:
 def greedy_accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
     """Greedy tokens per step for the subtree ``keep`` (node ids, root included) when
     the target's continuation is ``truth`` (token ids): the drafts matched along one
-    root-to-node path, plus the bonus token (so at least 1)."""
-    kids = tree.children()
-    node, n = 0, 0
-    tokens = tree.tokens.tolist()
-    while n < len(truth):
-        nxt = next((c for c in kids[node] if c in keep and tokens[c] == truth[n]), None)
-        if nxt is None:
-            break
-        node, n = nxt, n + 1
-    return n + 1
+    root-to-node path (:meth:`clover.tree.Tree.matched_path`), plus the bonus token (so
+    at least 1)."""
+    return tree.matched_path(truth, keep) + 1
 
 
 def budget_subtree(tree: Tree, budget: int) -> set[int]:

@@ -153,19 +153,21 @@ def find_continuation(tokens: Sequence[int], max_ngram: int = 3, min_ngram: int 
     return index.find(tokens[-1], length, prefer, max(32, max_ngram))
 
 
+def expected_accepted(rate: float, length: int) -> float:
+    """Expected accepted tokens of a ``length``-token chain whose tokens are each accepted
+    with probability ``rate`` given the previous one was: ``rate + rate^2 + ... +
+    rate^length``."""
+    return sum(rate ** k for k in range(1, length + 1))
+
+
 def best_length(costs: Sequence[float], rate: float, max_len: int) -> int:
     """The chain length L in [0, max_len] that maximises expected tokens per ms,
-    ``(1 + a + ... + a^L) / costs[L]`` with ``a = rate`` the chance that each next lookup
-    token is accepted and ``costs[L]`` the verify time for the root plus L tokens.
-    Without costs: ``max_len``."""
+    ``(1 + expected_accepted(rate, L)) / costs[L]``, ``costs[L]`` being the verify time
+    for the root plus L tokens. Without costs: ``max_len``."""
     if not costs:
         return max_len
-    best, best_speed, expected = 0, 1.0 / costs[0], 1.0
-    for n in range(1, min(max_len, len(costs) - 1) + 1):
-        expected += rate ** n
-        if expected / costs[n] > best_speed:
-            best, best_speed = n, expected / costs[n]
-    return best
+    lengths = range(min(max_len, len(costs) - 1) + 1)
+    return max(lengths, key=lambda n: ((1 + expected_accepted(rate, n)) / costs[n], -n))
 
 
 class LookupDrafter:
@@ -298,9 +300,8 @@ def plan_step(costs: Sequence[float], rate: float, chain_len: int, head_gain: fl
         (True, 0) heads only, (False, L) lookup only, (True, L) both.
     """
     best, plan = (1 + head_gain) / (verify_ms(costs, 1 + head_nodes) + head_ms), (True, 0)
-    expected = 0.0
     for n in range(1, chain_len + 1):
-        expected += rate ** n
+        expected = expected_accepted(rate, n)
         alone = (1 + expected) / verify_ms(costs, 1 + n)
         both = (1 + expected + (1 - rate) * head_gain) / (verify_ms(costs, 1 + head_nodes + n) + head_ms)
         for speed, choice in ((alone, (False, n)), (both, (True, n))):
@@ -410,7 +411,7 @@ class HybridDrafter:
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         if self.last_heads is not None:  # what the heads alone would have had accepted
-            self.gain[0] += _chain_in(self.last_heads, self.accepted + [int(root_token)])
+            self.gain[0] += self.last_heads.matched_path(self.accepted + [int(root_token)])
             self.gain[1] += 1
             self.last_heads = None
         chain, n = self.lookup.candidates(root_token, max_depth)
@@ -419,7 +420,7 @@ class HybridDrafter:
             tree = self._heads(root_token, max_depth)
             chain = chain[:self.budget]
             merged = merge_branch(tree, chain, rate, max(self.budget, len(tree) - 1)) if chain else tree
-            self.lookup.commit(chain, n, _chain_in(merged, chain))
+            self.lookup.commit(chain, n, merged.matched_path(chain))
             return merged
         use_heads, length = plan_step(
             self.costs, rate, len(chain), self.gain[0] / self.gain[1],
@@ -432,15 +433,3 @@ class HybridDrafter:
             return tree
         return merge_branch(tree, chain[:length], rate, len(tree) - 1 + length)
 
-
-def _chain_in(tree: Tree, chain: Sequence[int]) -> int:
-    """How many leading tokens of ``chain`` the tree holds as a path from the root."""
-    kids = tree.children()
-    tokens = tree.tokens.tolist()
-    node, n = 0, 0
-    for tok in chain:
-        node = next((c for c in kids[node] if tokens[c] == tok), None)
-        if node is None:
-            break
-        n += 1
-    return n

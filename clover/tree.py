@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Container, Sequence
 
 import torch
 
@@ -229,6 +229,20 @@ class Tree:
         for k in kids:
             k.sort(key=lambda i: -self.draft_probs[i])
         return kids
+
+    def matched_path(self, tokens: Sequence[int], keep: Container[int] | None = None) -> int:
+        """How many leading ``tokens`` the tree holds as a path from the root (only
+        through nodes in ``keep``, node ids, when given): under greedy decoding with the
+        target's continuation ``tokens``, the number of drafts verification accepts."""
+        kids = self.children()
+        ids = self.tokens.tolist()
+        node, n = 0, 0
+        for tok in tokens:
+            node = next((c for c in kids[node] if ids[c] == tok and (keep is None or c in keep)), None)
+            if node is None:
+                break
+            n += 1
+        return n
 
 
 def root_only(root_token: int, device: torch.device | str = "cpu") -> Tree:
