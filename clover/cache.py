@@ -77,6 +77,55 @@ def compact_cache(cache, prefix_len: int, accepted: list[int]) -> None:
     crop_cache(cache, keep)
 
 
+def compact_rows(cache, lengths: list[int], prefix_len: int, paths: list[list[int]]) -> list[int]:
+    """:func:`compact_cache` for a batch whose rows hold different numbers of positions
+    (in place; see ``clover.engine`` for the batch layout).
+
+    Args:
+        cache: a DynamicCache of B rows and ``prefix_len + N`` positions after verifying
+            B trees padded to N nodes: row b's node i sits at column ``prefix_len + i``.
+        lengths: L_b, the committed positions of row b: its columns ``[0, L_b)`` (the
+            columns ``[L_b, prefix_len)`` are padding, masked).
+        prefix_len: P, the cache length before the trees (>= every L_b).
+        paths: accepted node ids per row, root first.
+    Returns:
+        The new lengths ``L_b + len(paths[b])``: row b's accepted nodes are moved, in path
+        order, to columns ``[L_b, L_b + len(paths[b]))`` and every layer is cropped to the
+        longest row. With one row and ``L_0 == P`` this is :func:`compact_cache`.
+    Raises:
+        ValueError: when the lists differ in length or a row claims more than P positions.
+    """
+    if len(lengths) != len(paths):
+        raise ValueError(f"{len(lengths)} row lengths but {len(paths)} accepted paths")
+    if any(n > prefix_len for n in lengths):
+        raise ValueError(f"row lengths {lengths} exceed the cache's {prefix_len} positions")
+    moves = [(b, prefix_len + node, start + k)
+             for b, (start, path) in enumerate(zip(lengths, paths))
+             for k, node in enumerate(path) if prefix_len + node != start + k]
+    if moves:
+        device = _layers(cache)[0].keys.device
+        rows, src, dst = (torch.tensor(x, device=device) for x in zip(*moves))
+        for layer in _layers(cache):
+            # (moves, H, hs) gathered first, then written into each row's own gap
+            layer.keys[rows, :, dst] = layer.keys[rows, :, src]
+            layer.values[rows, :, dst] = layer.values[rows, :, src]
+    new = [start + len(path) for start, path in zip(lengths, paths)]
+    crop_cache(cache, max(new))
+    return new
+
+
+def select_rows(cache, rows: list[int], length: int) -> None:
+    """Keep batch ``rows`` of every layer (in that order) and their first ``length``
+    positions (in place): finished rows leave a batched run."""
+    layers = _layers(cache)
+    if cache.get_seq_length() == 0:
+        return
+    idx = torch.tensor(rows, dtype=torch.long, device=layers[0].keys.device)
+    for layer in layers:
+        layer.keys = layer.keys.index_select(0, idx)[..., :length, :]
+        layer.values = layer.values.index_select(0, idx)[..., :length, :]
+
+
 class BufferedLayer(DynamicLayer):
     """A KV-cache layer that appends into preallocated storage instead of concatenating.
 

@@ -1,4 +1,5 @@
-"""The one decoding loop: draft -> verify -> accept -> update cache, for every method.
+"""The one decoding loop: draft -> verify -> accept -> update cache, for every method and
+every batch size.
 
 Plain autoregressive decoding is the same loop with the empty tree (root only), so all
 methods run on identical machinery and their timings compare like with like.
@@ -15,25 +16,60 @@ Per step (Medusa arXiv 2401.10774 §2; Clover arXiv 2405.00263 §3):
 
 Generation stops exactly as plain decoding would: at the first EOS (kept in the output),
 after ``max_new_tokens`` (never overshot) or once a stop string appears.
+
+Batches (:meth:`Engine.generate_batch`; Clover's serving regime, arXiv 2405.00263 Table 1).
+B prompts decode together. Each row has its own drafter (drafters hold per-run state), its
+own random generator, its own tree (same budget for every row), its own acceptance and its
+own stopping; one target forward verifies every row's tree. A single prompt
+(:meth:`Engine.stream`, :meth:`Engine.generate`) runs this same loop with B = 1. The
+layout, and why it is exact:
+
+* KV cache: right padded, with a valid length L_b per row. Row b's committed positions
+  fill cache columns ``[0, L_b)``; the cache is P = max_b L_b columns long and row b's
+  columns ``[L_b, P)`` are padding (stale keys that nothing attends to). Prompts of
+  different lengths are prefilled in one forward, right padded.
+* Verify: every row's tree is padded to N = max_b N_b nodes (padding nodes repeat the
+  root token) and appended at columns ``[P, P + N)``. Row b's node i has position id
+  ``L_b + depth_i``, its true position in its own sequence, so RoPE or learned positions
+  never see the padding. It attends to columns ``[0, L_b)``, to its ancestors and to
+  itself; a padding node attends only to itself and nothing attends to it. The mask
+  (:func:`verify_inputs`) is an additive float (B, 1, N, P + N) tensor, which transformers
+  hands to attention unchanged: a masked key weighs ``exp(finfo.min) = 0`` exactly, so a
+  row's logits are its unbatched logits up to the float rounding of batched products.
+* Accept: per row, on that row's own N_b logits.
+* Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
+  (:func:`clover.cache.compact_rows`): every row stays contiguous from column 0, and the
+  cache is cropped to the new longest row. Rows that finish (EOS, stop string, their own
+  ``max_new_tokens``) leave the batch: their cache rows are dropped, so they cost no more
+  drafting or verification.
+
+Why right padding: rows accept different numbers of tokens every step. With right padding
+each row's accepted path is written into its own gap, a copy of m_b columns per row.
+Left padding (rows aligned at the end) would have to shift every row that accepted fewer
+tokens than the longest, a copy of its whole cache, or leave holes inside rows that grow
+with every step. With one row, L_0 = P always: no padding, no mask for a root-only tree,
+and the compaction is the single-prompt one (a crop for a chain), as before batching.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
-from clover.acceptance import SamplingConfig, accept, logits_to_probs
-from clover.cache import cache_length, compact_cache, new_cache
+from clover.acceptance import Acceptance, SamplingConfig, accept, logits_to_probs
+from clover.cache import cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter
+from clover.heads.base import Drafter
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
-from clover.tree import Tree, TreeConfig, position_ids, tree_mask
+from clover.tree import Tree, TreeConfig, ancestor_matrix, position_ids, tree_mask
 
 
 class Engine:
-    """Speculative (or plain) decoding of one prompt at a time with a target model.
+    """Speculative (or plain) decoding of one prompt, or a batch of prompts, with a target model.
 
     Args:
         target: the target model.
@@ -99,6 +135,46 @@ class Engine:
             pass
         return run.result
 
+    def stream_batch(self, prompts: Sequence[Sequence[int]],
+                     max_new_tokens: int | Sequence[int] = 128,
+                     sampling: SamplingConfig | None = None, stop_strings: Sequence[str] = (),
+                     seeds: Sequence[int] | None = None) -> "BatchRun":
+        """Start a batched run of B prompts; iterate it for each step's traces (one
+        :class:`StepTrace` per row still decoding, ``trace.row`` naming it).
+
+        After the iteration ends, ``run.results`` holds one :class:`GenerationResult` per
+        prompt, in prompt order.
+
+        Args:
+            prompts: B token-id lists (any lengths).
+            max_new_tokens: one cap for every row, or one per row.
+            sampling: shared by every row; each row samples from its own generator.
+            stop_strings: shared by every row.
+            seeds: one sampling seed per row; default ``sampling.seed + b`` for row b
+                (so row 0 of a batch samples what :meth:`stream` does with that seed),
+                or random seeds when ``sampling.seed`` is None.
+        Raises:
+            ValueError: no prompts, ``max_new_tokens`` or ``seeds`` not one per prompt,
+                or a request :func:`validate_request` refuses (naming the row).
+        """
+        return BatchRun(self, prompts, max_new_tokens, sampling or SamplingConfig(),
+                        tuple(stop_strings), seeds)
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]],
+                       max_new_tokens: int | Sequence[int] = 128,
+                       sampling: SamplingConfig | None = None, stop_strings: Sequence[str] = (),
+                       seeds: Sequence[int] | None = None) -> list[GenerationResult]:
+        """Blocking batched generation: one :class:`GenerationResult` per prompt, in order.
+
+        Each row's ``decode_s`` is the time of the batch steps it took part in, so the
+        batch's total throughput is ``sum(len(r.token_ids)) / max(r.decode_s)``. See
+        :meth:`stream_batch` for the arguments and errors.
+        """
+        run = self.stream_batch(prompts, max_new_tokens, sampling, stop_strings, seeds)
+        for _ in run:
+            pass
+        return run.results
+
 
 def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens: int,
                      stop_strings: Sequence[str] = ()) -> None:
@@ -134,107 +210,235 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
         )
 
 
-class DecodeRun:
-    """One generation run; iterate it to decode step by step (see :meth:`Engine.stream`)."""
+def verify_inputs(trees: Sequence[Tree], lengths: Sequence[int], prefix_len: int,
+                  dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The inputs of one verification forward over B rows' trees (batch layout: module
+    docstring).
 
-    def __init__(self, engine: Engine, prompt: list[int], max_new_tokens: int,
-                 sampling: SamplingConfig, stop_strings: tuple[str, ...]):
-        validate_request(engine.target, prompt, max_new_tokens, stop_strings)
+    Args:
+        trees: one candidate tree per row, N_b nodes each.
+        lengths: L_b, the committed positions of row b in the KV cache (its columns
+            ``[0, L_b)``; its columns ``[L_b, prefix_len)`` are padding).
+        prefix_len: P, the KV cache's length (>= every L_b).
+        dtype: the mask's float dtype (the target's).
+    Returns:
+        ids: (B, N) long, N = max N_b; padding nodes repeat their row's root token.
+        positions: (B, N) long, ``L_b + depth`` (padding nodes: ``L_b``).
+        mask: None when every tree is the root alone and every L_b = P (plain causal
+            attention is then exact), else a (B, 1, N, P + N) additive float mask: 0 where
+            node i may attend (its row's committed columns, its ancestors, itself),
+            ``finfo(dtype).min`` elsewhere. A float mask, because transformers passes a 4D
+            float mask to attention verbatim, while a 4D bool mask is silently mishandled by
+            some attention backends.
+    Raises:
+        ValueError: when the lists differ in length or a row claims more than P positions.
+    """
+    if len(trees) != len(lengths):
+        raise ValueError(f"{len(trees)} trees but {len(lengths)} row lengths")
+    if any(n > prefix_len for n in lengths):
+        raise ValueError(f"row lengths {list(lengths)} exceed the cache's {prefix_len} positions")
+    b, n = len(trees), max(len(t) for t in trees)
+    if b == 1 and lengths[0] == prefix_len:  # one row has no padding: the single-prompt case
+        tree = trees[0]
+        mask = tree_mask(tree.parents, prefix_len, dtype, device) if n > 1 else None
+        return tree.tokens[None].to(device), position_ids(tree.depths, prefix_len, device), mask
+    ids = torch.empty((b, n), dtype=torch.long)
+    positions = torch.tensor(lengths, dtype=torch.long)[:, None].repeat(1, n)  # (B, N)
+    anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
+    for row, tree in enumerate(trees):
+        k = len(tree)
+        ids[row, :k] = tree.tokens.cpu()
+        ids[row, k:] = ids[row, 0]
+        positions[row, :k] += torch.tensor(tree.depths)
+        if k > 1:
+            anc[row, :k, :k] = ancestor_matrix(tree.parents)
+    ids, positions = ids.to(device), positions.to(device)
+    if n == 1 and all(L == prefix_len for L in lengths):
+        return ids, positions, None
+    real = torch.arange(n)[None, :] < torch.tensor([len(t) for t in trees])[:, None]  # (B, N)
+    committed = torch.arange(prefix_len)[None, :] < torch.tensor(lengths)[:, None]  # (B, P)
+    allowed = torch.cat([real[:, :, None] & committed[:, None, :], anc], dim=-1)  # (B, N, P+N)
+    mask = torch.zeros((b, 1, n, prefix_len + n), dtype=dtype, device=device)
+    mask.masked_fill_(~allowed[:, None].to(device), torch.finfo(dtype).min)
+    return ids, positions, mask
+
+
+def prefill_inputs(prompts: Sequence[Sequence[int]], dtype: torch.dtype,
+                   device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The inputs of one prefill forward over B rows, right padded (each row's tokens
+    start at column 0; see the module docstring).
+
+    Args:
+        prompts: the tokens to prefill per row (each prompt but its last token), T_b >= 0
+            of them, at least one row non-empty.
+    Returns:
+        ids: (B, T) long, T = max T_b, padded with token 0.
+        positions: (B, T) long, ``0 .. T - 1`` for every row.
+        mask: None when every row has T tokens (causal attention is then exact), else a
+            (B, 1, T, T) additive float mask: causal within a row's own tokens; a padding
+            position attends to its row's tokens and to itself, and none attends to it.
+    """
+    b, t = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros((b, t), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, :len(p)] = torch.tensor(p, dtype=torch.long)
+    positions = torch.arange(t)[None, :].repeat(b, 1)
+    if all(len(p) == t for p in prompts):
+        return ids.to(device), positions.to(device), None
+    lengths = torch.tensor([len(p) for p in prompts])
+    q, k = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    allowed = (k <= q) & ((k[None] < lengths[:, None, None]) | (k == q))  # (B, T, T)
+    mask = torch.zeros((b, 1, t, t), dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return ids.to(device), positions.to(device), mask.to(device)
+
+
+@dataclass
+class _Row:
+    """One prompt's state in a (batched) run."""
+
+    index: int  # the row's place in the batch as given (trace.row)
+    prompt: list[int]
+    max_new_tokens: int
+    drafter: Drafter
+    generator: torch.Generator
+    detok: TextStream
+    length: int = 0  # L_b: committed positions in the target's KV cache
+    root: int = 0  # the last committed token, not yet in the KV cache
+    new: list[int] = field(default_factory=list)
+    steps: list[StepTrace] = field(default_factory=list)
+    stop_reason: str | None = None
+    decode_s: float = 0.0
+
+
+class BatchRun:
+    """One generation run of B prompts; iterate it to decode step by step (see
+    :meth:`Engine.stream_batch`). Each iteration yields the traces of one step, one per
+    row that took part (finished rows take part no more), in row order."""
+
+    def __init__(self, engine: Engine, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: int | Sequence[int], sampling: SamplingConfig,
+                 stop_strings: tuple[str, ...], seeds: Sequence[int] | None = None):
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            raise ValueError("the batch holds no prompts")
+        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(caps) != len(prompts):
+            raise ValueError(f"max_new_tokens gives {len(caps)} caps for {len(prompts)} prompts")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        for b, (prompt, cap) in enumerate(zip(prompts, caps)):
+            try:
+                validate_request(engine.target, prompt, cap, stop_strings)
+            except ValueError as e:
+                raise ValueError(f"prompt {b}: {e}" if len(prompts) > 1 else str(e)) from None
         self.engine = engine
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
+        self.prompts = prompts
+        self.max_new_tokens = caps
         self.sampling = sampling
         self.stop_strings = stop_strings
-        self.result: GenerationResult | None = None
+        self.seeds = seeds
+        self.results: list[GenerationResult] | None = None
 
     def _sync(self):
         if self.engine.target.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def __iter__(self) -> Iterator[StepTrace]:
-        eng, target, sampling = self.engine, self.engine.target, self.sampling
-        device = target.device
-        generator = torch.Generator(device=device)
-        if sampling.seed is not None:
-            generator.manual_seed(sampling.seed)
+    def _row(self, b: int) -> _Row:
+        target, sampling = self.engine.target, self.sampling
+        generator = torch.Generator(device=target.device)
+        if self.seeds is not None:
+            generator.manual_seed(int(self.seeds[b]))
+        elif sampling.seed is not None:
+            generator.manual_seed(sampling.seed + b)
         else:
             generator.seed()
-        drafter = eng.drafter()
+        return _Row(b, self.prompts[b], self.max_new_tokens[b], self.engine.drafter(), generator,
+                    TextStream(target.tokenizer))
+
+    def _prefill(self, rows: list[_Row], cache) -> None:
+        """Prefill every prompt but its last token (the first root), in one forward."""
+        target = self.engine.target
+        tokens = [r.prompt[:-1] for r in rows]
+        if not any(tokens):
+            return
+        ids, positions, mask = prefill_inputs(tokens, target.dtype, target.device)
+        out = target.forward_batch(ids, positions, mask, cache, last_only=True)
+        for b, r in enumerate(rows):
+            r.length = len(tokens[b])
+            if tokens[b]:
+                r.drafter.observe(out.hidden_pre[b, :r.length], out.hidden_post[b, :r.length], tokens[b])
+
+    def __iter__(self) -> Iterator[list[StepTrace]]:
+        target, sampling = self.engine.target, self.sampling
+        rows = [self._row(b) for b in range(len(self.prompts))]
         cache = new_cache(target.config)
-        new: list[int] = []
-        detok = TextStream(target.tokenizer)
-        steps: list[StepTrace] = []
-        stop_reason = "length"
 
         # inference mode is thread-local, so it is entered per block and never held across
         # a yield: a consumer may resume this generator from another thread
         t0 = time.perf_counter()
-        if len(self.prompt) > 1:  # prefill all but the last prompt token, the first root
-            with torch.inference_mode():
-                ids = torch.tensor([self.prompt[:-1]], device=device)
-                pos = torch.arange(ids.shape[1], device=device).unsqueeze(0)
-                out = target.forward(ids, pos, None, cache, last_only=True)
-                drafter.observe(out.hidden_pre, out.hidden_post, self.prompt[:-1])
-            self._sync()
+        with torch.inference_mode():
+            self._prefill(rows, cache)
+        self._sync()
         prefill_ms = (time.perf_counter() - t0) * 1e3
-        root = self.prompt[-1]
-        decode_s = 0.0  # sum of draft + verify time: neither trace building nor the consumer
-        while True:
+        for r in rows:
+            r.root = r.prompt[-1]
+        active = rows
+        while active:
             with torch.inference_mode():
                 t_draft = time.perf_counter()
-                tree = drafter.draft(root, max_depth=self.max_new_tokens - len(new) - 1)
+                trees = [r.drafter.draft(r.root, max_depth=r.max_new_tokens - len(r.new) - 1)
+                         for r in active]
                 self._sync()
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)
-                tokens = tree.tokens.to(device)
-                mask = tree_mask(tree.parents, prefix, target.dtype, device) if len(tree) > 1 else None
-                out = target.forward(tokens.unsqueeze(0), position_ids(tree.depths, prefix, device),
-                                     mask, cache)
-                acc = accept(tree, out.logits, sampling, generator)
-                compact_cache(cache, prefix, acc.path)
-                committed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus_token]
-                kept, stop_reason = self._cut(new, committed)
-                new.extend(kept)
-                texts = [detok.push(t) for t in kept]
-                finished = stop_reason is not None
-                if finished:
-                    texts[-1] += detok.flush()
-                n_drafts = min(len(kept), len(acc.path) - 1)  # accepted drafts committed
+                ids, positions, mask = verify_inputs(trees, [r.length for r in active], prefix,
+                                                     target.dtype, target.device)
+                out = target.forward_batch(ids, positions, mask, cache)
+                logits = [out.logits[b, :len(tree)] for b, tree in enumerate(trees)]  # (N_b, V) each
+                accs = [accept(tree, lg, sampling, r.generator)
+                        for r, tree, lg in zip(active, trees, logits)]
+                lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
+                commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]
+                keep = [b for b, r in enumerate(active) if r.stop_reason is None]
+                if len(keep) < len(active):  # finished rows leave the batch
+                    select_rows(cache, keep, max((lengths[b] for b in keep), default=0))
                 self._sync()
                 t_update = time.perf_counter()
-                if not finished:
-                    drafter.observe(out.hidden_pre[acc.path], out.hidden_post[acc.path],
-                                    tree.tokens[acc.path].tolist())
-                    self._sync()
-                    root = acc.bonus_token
+                for b in keep:
+                    r, path = active[b], accs[b].path
+                    r.drafter.observe(out.hidden_pre[b, path], out.hidden_post[b, path],
+                                      trees[b].tokens[path].tolist())
+                    r.root, r.length = accs[b].bonus_token, lengths[b]
+                self._sync()
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
                 verify_ms = (t_update - t_verify) * 1e3
-                decode_s += (draft_ms + verify_ms) / 1e3
-                nodes = self._nodes(tree, out.logits)
-                bonus_prob = float(logits_to_probs(out.logits[acc.path[-1]], sampling)[acc.bonus_token])
-            trace = StepTrace(
-                step=len(steps), nodes=nodes, accepted=acc.path[:1 + n_drafts],
-                cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
-                bonus_text=target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
-                bonus_committed=len(kept) == len(committed),
-                new_tokens=kept, new_text=texts, accepted_length=len(kept),
-                draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(new), finished=finished,
-                stop_reason=stop_reason,
-            )
-            steps.append(trace)
-            yield trace
-            if finished:
-                break
+                traces = [self._trace(r, tree, lg, acc, kept, texts, draft_ms, verify_ms)
+                          for r, tree, lg, acc, (kept, texts)
+                          in zip(active, trees, logits, accs, commits)]
+            yield traces
+            active = [active[b] for b in keep]
 
-        self.result = GenerationResult(
-            text=target.tokenizer.decode(new, skip_special_tokens=True),
-            token_ids=new, steps=steps, prompt_tokens=len(self.prompt),
-            prefill_ms=prefill_ms, decode_s=decode_s, stop_reason=stop_reason,
-            method=eng.method, seed=generator.initial_seed(),
-        )
+        self.results = [GenerationResult(
+            text=target.tokenizer.decode(r.new, skip_special_tokens=True),
+            token_ids=r.new, steps=r.steps, prompt_tokens=len(r.prompt),
+            prefill_ms=prefill_ms, decode_s=r.decode_s, stop_reason=r.stop_reason,
+            method=self.engine.method, seed=r.generator.initial_seed(),
+        ) for r in rows]
 
-    def _cut(self, new: list[int], committed: list[int]) -> tuple[list[int], str | None]:
+    def _commit(self, row: _Row, tree: Tree, acc: Acceptance) -> tuple[list[int], list[str]]:
+        """Commit the accepted drafts and the bonus token to ``row``, stopping where plain
+        decoding would; returns the tokens kept and the text each adds."""
+        committed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus_token]
+        kept, row.stop_reason = self._cut(row, committed)
+        row.new.extend(kept)
+        texts = [row.detok.push(t) for t in kept]
+        if row.stop_reason is not None:
+            texts[-1] += row.detok.flush()
+        return kept, texts
+
+    def _cut(self, row: _Row, committed: list[int]) -> tuple[list[int], str | None]:
         """Commit tokens one at a time, stopping exactly where plain decoding would."""
         kept: list[int] = []
         eos = self.engine.target.eos_token_ids
@@ -243,12 +447,31 @@ class DecodeRun:
             if tok in eos:
                 return kept, "eos"
             if self.stop_strings:
-                text = self.engine.target.tokenizer.decode(new + kept)
+                text = self.engine.target.tokenizer.decode(row.new + kept)
                 if any(s in text for s in self.stop_strings):
                     return kept, "stop_string"
-            if len(new) + len(kept) >= self.max_new_tokens:
+            if len(row.new) + len(kept) >= row.max_new_tokens:
                 return kept, "length"
         return kept, None
+
+    def _trace(self, row: _Row, tree: Tree, logits: torch.Tensor, acc: Acceptance,
+               kept: list[int], texts: list[str], draft_ms: float, verify_ms: float) -> StepTrace:
+        """The row's record of this step (appended to its steps); the times are the
+        whole batch step's."""
+        n_drafts = min(len(kept), len(acc.path) - 1)  # accepted drafts committed
+        bonus_prob = float(logits_to_probs(logits[acc.path[-1]], self.sampling)[acc.bonus_token])
+        row.decode_s += (draft_ms + verify_ms) / 1e3
+        trace = StepTrace(
+            step=len(row.steps), nodes=self._nodes(tree, logits), accepted=acc.path[:1 + n_drafts],
+            cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
+            bonus_text=self.engine.target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
+            bonus_committed=len(kept) == len(acc.path),
+            new_tokens=kept, new_text=texts, accepted_length=len(kept),
+            draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(row.new),
+            finished=row.stop_reason is not None, stop_reason=row.stop_reason, row=row.index,
+        )
+        row.steps.append(trace)
+        return trace
 
     def _nodes(self, tree: Tree, logits: torch.Tensor) -> list[TreeNode]:
         """Trace records of the tree, with the target's probability of each node."""
@@ -264,6 +487,24 @@ class DecodeRun:
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
                          float(tree.draft_probs[i]), float(target_p[i]), sources[i])
                 for i in range(len(tree))]
+
+
+class DecodeRun:
+    """One generation run of a single prompt (see :meth:`Engine.stream`): the batched
+    loop (:class:`BatchRun`) with one row; iterate it for one :class:`StepTrace` per step.
+    After the iteration ends, ``result`` holds the :class:`GenerationResult`."""
+
+    def __init__(self, engine: Engine, prompt: list[int], max_new_tokens: int,
+                 sampling: SamplingConfig, stop_strings: tuple[str, ...]):
+        self.batch = BatchRun(engine, [prompt], max_new_tokens, sampling, stop_strings)
+        self.engine, self.prompt, self.max_new_tokens = engine, prompt, max_new_tokens
+        self.sampling, self.stop_strings = sampling, stop_strings
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[StepTrace]:
+        for (trace,) in self.batch:
+            yield trace
+        self.result = self.batch.results[0]
 
 
 def method_name(heads: DraftHeads | None, lookup: LookupConfig | None) -> str:

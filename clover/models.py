@@ -101,9 +101,10 @@ class TargetOutput:
     """One target forward.
 
     Attributes:
-        logits: (T, V) next-token logits per input position.
-        hidden_pre: (T, D) last decoder layer output, before the final norm.
-        hidden_post: (T, D) the same after the final norm (what lm_head reads).
+        logits: (T, V) next-token logits per input position ((B, T, V) from
+            :meth:`TargetModel.forward_batch`).
+        hidden_pre: (T, D) last decoder layer output, before the final norm ((B, T, D)).
+        hidden_post: (T, D) the same after the final norm (what lm_head reads) ((B, T, D)).
     """
 
     logits: torch.Tensor
@@ -186,11 +187,30 @@ class TargetModel:
             TargetOutput with (T, V) logits (or (1, V) when ``last_only``) and (T, D)
             hidden states.
         """
+        out = self.forward_batch(input_ids, position_ids, attention_mask, cache, last_only)
+        return TargetOutput(out.logits[0], out.hidden_pre[0], out.hidden_post[0])
+
+    def forward_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None, cache,
+                      last_only: bool = False) -> TargetOutput:
+        """:meth:`forward` for B rows at once (batched decoding, ``clover.engine``).
+
+        Args:
+            input_ids: (B, T) long.
+            position_ids: (B, T) long absolute positions, per row.
+            attention_mask: None for plain causal attention over every cached position, or
+                a (B, 1, T, P + T) additive float mask (0 = attend, ``finfo.min`` = masked).
+            cache: a ``DynamicCache`` of B rows holding P positions; T are appended.
+            last_only: compute logits for the last position only.
+        Returns:
+            TargetOutput with (B, T, V) logits (or (B, 1, V) when ``last_only``) and
+            (B, T, D) hidden states.
+        """
         out = self.model(input_ids=input_ids, position_ids=position_ids,
                          attention_mask=attention_mask, cache=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0)
         pre, post = self._take_captured()
-        return TargetOutput(out.logits[0], pre[0], post[0])
+        return TargetOutput(out.logits, pre, post)
 
     def hidden_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of a right-padded batch, no cache and no lm_head (training).

@@ -70,11 +70,14 @@ class StepTrace:
             "tokens per step"): every per-step metric sums to the committed tokens.
         draft_ms / verify_ms: wall time of drafting (incl. head state refresh) and of
             verification (target forward, acceptance, KV-cache compaction, stop
-            checks), in ms. Building this record is not included.
+            checks), in ms. Building this record is not included. In a batched run these
+            are the whole step's times, every row's drafting and the one shared forward.
         total_tokens: new tokens generated so far, this step included.
         finished: True when generation stopped at this step.
         stop_reason: why it stopped ("eos", "length" or "stop_string") on the finished
             step, else None.
+        row: which prompt of a batched run this step belongs to (its index in the
+            batch as given; 0 for a single prompt).
     """
 
     step: int
@@ -93,11 +96,12 @@ class StepTrace:
     bonus_committed: bool = True
     new_text: list[str] = field(default_factory=list)
     stop_reason: str | None = None
+    row: int = 0
 
 
 @dataclass
 class GenerationResult:
-    """The outcome of a whole generation run (batch size 1).
+    """The outcome of a whole generation run of one prompt (alone, or one row of a batch).
 
     Attributes:
         text: the generated text (special tokens removed).
@@ -106,7 +110,8 @@ class GenerationResult:
         prompt_tokens: number of prompt tokens.
         prefill_ms: wall time of the prompt prefill, in ms.
         decode_s: decoding time in seconds: the sum of every step's draft_ms and
-            verify_ms (time spent building traces or in the consumer is excluded).
+            verify_ms (time spent building traces or in the consumer is excluded); for a
+            row of a batch, the time of the batch steps it took part in.
         stop_reason: "eos", "length" or "stop_string".
         method: the method's name (``clover.methods.ALL_METHODS``, e.g. "clover+lookup").
         seed: the sampling generator's seed (the given one, or the random one drawn),

@@ -1,0 +1,312 @@
+"""Batched decoding (issue 17): every row of a batch decodes exactly what it decodes alone.
+
+Each row's output equals that row's own plain greedy output, token for token, for batches
+of 1 to 5 prompts of different lengths, rows stopping at different steps (EOS, their own
+``max_new_tokens``, stop strings), for plain decoding, Medusa, Clover, prompt lookup and
+trees that hold the true continuation (so rows accept different, non-chain paths and the
+per-row compaction gathers); a batch of one is the unbatched engine; a sampled row keeps
+the target's distribution.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
+from clover.cache import compact_rows, new_cache, select_rows
+from clover.engine import prefill_inputs, verify_inputs
+from clover.heads.base import DraftHeads, HeadConfig
+from clover.lookup import LookupConfig
+from clover.tree import Tree
+from conftest import oracle_tree_fn, perturb, random_tree_fn, tiny_target
+from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
+
+ARCHS = ["llama", "qwen2", "gpt2"]
+LENGTHS = [5, 1, 12, 2, 20]  # prompt lengths of rows 0..4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def batch_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+class OracleDrafter:
+    """Drafts :func:`conftest.oracle_tree_fn` trees for whichever reference sequence its
+    row is decoding (found from the tokens it has observed), so every row of a batch gets
+    trees holding its own true continuation at random ranks."""
+
+    def __init__(self, sequences, vocab):
+        self.sequences, self.vocab, self.seen = sequences, vocab, []
+
+    def observe(self, hidden_pre, hidden_post, tokens):
+        self.seen += [int(t) for t in tokens]
+
+    def draft(self, root, max_depth):
+        done = self.seen + [int(root)]
+        i = next(i for i, s in enumerate(self.sequences) if s[:len(done)] == done)
+        fn = oracle_tree_fn(self.sequences[i], self.vocab, seed=len(done) * 7 + i, hit_rate=0.9)
+        return fn(len(done) - 1, root, max_depth)
+
+
+class OracleHeads(DraftHeads):
+    kind = "batch-oracle"
+
+    def __init__(self, target, sequences):
+        super().__init__(HeadConfig.for_target(self.kind, target))
+        self.sequences = sequences
+
+    def drafter(self, target, tree):
+        return OracleDrafter(self.sequences, target.vocab_size)
+
+
+def engines(target, refs, prompts) -> dict[str, Engine]:
+    """Every method on ``target``: plain, Medusa, Clover (fresh, perturbed heads), lookup,
+    Clover + lookup, and oracle trees."""
+    out = {"ar": Engine(target), "lookup": Engine(target, lookup=LookupConfig(max_tokens=4))}
+    for kind in ("medusa", "clover"):
+        heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
+        out[kind] = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    out["clover+lookup"] = Engine(target, out["clover"].heads, parse_tree_spec("small"),
+                                  lookup=LookupConfig(max_tokens=4))
+    sequences = [p + r for p, r in zip(prompts, refs)]
+    out["oracle"] = Engine(target, OracleHeads(target, sequences))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_equal_their_own_plain_greedy_output(arch):
+    target = tiny_target(arch)
+    prompts = batch_prompts(target.vocab_size)
+    caps = [24, 24, 7, 24, 24]  # row 2 reaches its max_new_tokens first
+    refs = [Engine(target).generate(p, 24).token_ids for p in prompts]
+    for name, engine in engines(target, refs, prompts).items():
+        for b in range(1, 6):
+            outs = engine.generate_batch(prompts[:b], caps[:b])
+            for row, out in enumerate(outs):
+                assert out.token_ids == refs[row][:caps[row]], (arch, name, b, row)
+                assert out.stop_reason == "length" and out.method == engine.method
+        if name == "oracle":  # rows accepted different, non-chain paths in the same steps
+            steps = list(zip(*(o.steps for o in outs)))
+            assert any(len({len(s.accepted) for s in step}) > 1 for step in steps)
+            assert any(s.accepted != list(range(len(s.accepted))) for o in outs for s in o.steps)
+            assert min(o.mean_accepted_length for o in outs) > 1.5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_stop_at_eos_on_different_steps(arch):
+    target = tiny_target(arch)
+    prompts = batch_prompts(target.vocab_size, seed=1)
+    refs = [Engine(target).generate(p, 30).token_ids for p in prompts]
+    # end-of-sequence ids that rows 0, 2 and 3 produce at different places
+    target.eos_token_ids = {refs[0][3], refs[2][8], refs[3][14]}
+    alone = [Engine(target).generate(p, 30) for p in prompts]
+    ends = {len(a.token_ids) for a in alone if a.stop_reason == "eos"}
+    # (the tiny GPT-2 ties its embeddings and repeats its last prompt token, so a row
+    # meets an EOS id at once or never; the other models meet them at different steps)
+    assert len(ends) >= (1 if arch == "gpt2" else 2)
+    for name, engine in engines(target, refs, prompts).items():
+        run = engine.stream_batch(prompts, 30)
+        per_step = list(run)
+        for row, out in enumerate(run.results):
+            assert out.token_ids == alone[row].token_ids, (arch, name, row)
+            assert out.stop_reason == alone[row].stop_reason
+            assert out.steps[-1].finished and not any(s.finished for s in out.steps[:-1])
+        # finished rows leave the batch: each step traces the rows still decoding, in order
+        for i, traces in enumerate(per_step):
+            rows = [t.row for t in traces]
+            assert rows == [r for r in range(5) if len(run.results[r].steps) > i]
+            assert len({(t.draft_ms, t.verify_ms) for t in traces}) == 1  # one shared step
+
+
+def test_stop_strings_per_row():
+    target = tiny_target("llama")
+    prompts = batch_prompts(target.vocab_size)
+    refs = [Engine(target).generate(p, 30).token_ids for p in prompts]
+    stop = target.tokenizer.decode(refs[3][6:8])
+    alone = [Engine(target).generate(p, 30, stop_strings=[stop]) for p in prompts]
+    assert alone[3].stop_reason == "stop_string"
+    for name, engine in engines(target, refs, prompts).items():
+        outs = engine.generate_batch(prompts, 30, stop_strings=[stop])
+        assert [o.token_ids for o in outs] == [a.token_ids for a in alone], name
+        assert [o.stop_reason for o in outs] == [a.stop_reason for a in alone], name
+
+
+def test_batch_of_one_is_the_unbatched_engine():
+    target = tiny_target("qwen2")
+    heads = perturb(new_heads("clover", target), 0.2)
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    prompt = batch_prompts(target.vocab_size)[2]
+
+    def record(result):
+        return [(s.step, s.row, [(n.token_id, n.parent, n.draft_prob, n.target_prob) for n in s.nodes],
+                 s.accepted, s.cut, s.bonus_token, s.bonus_prob, s.new_tokens, s.new_text,
+                 s.total_tokens, s.finished, s.stop_reason) for s in result.steps]
+
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.9, seed=4)):
+        alone = engine.generate(prompt, 16, sampling)
+        (batched,) = engine.generate_batch([prompt], 16, sampling)
+        assert batched.token_ids == alone.token_ids and record(batched) == record(alone)
+        assert batched.text == alone.text and batched.stop_reason == alone.stop_reason
+        if sampling.seed is not None:
+            assert batched.seed == alone.seed == sampling.seed
+
+
+def test_sampled_row_does_not_depend_on_its_batch():
+    """A row samples from its own generator: with the same seed it draws what it draws
+    alone (the logits agree to float rounding, far from any sampling threshold here)."""
+    target = tiny_target("llama")
+    heads = perturb(new_heads("medusa", target), 0.3)
+    engine = Engine(target, heads, parse_tree_spec("small"))
+    prompts = batch_prompts(target.vocab_size)
+    cfg = SamplingConfig(temperature=1.0)
+    for seed in range(3):
+        seeds = [seed * 10 + b for b in range(5)]
+        outs = engine.generate_batch(prompts, 12, cfg, seeds=seeds)
+        for b, out in enumerate(outs):
+            alone = engine.generate(prompts[b], 12, SamplingConfig(temperature=1.0, seed=seeds[b]))
+            assert out.token_ids == alone.token_ids and out.seed == seeds[b]
+    # default seeds: sampling.seed + row
+    outs = engine.generate_batch(prompts[:3], 4, SamplingConfig(temperature=1.0, seed=7))
+    assert [o.seed for o in outs] == [7, 8, 9]
+
+
+def test_sampling_keeps_the_target_distribution_in_a_batch():
+    """The chi-square test of ``test_acceptance`` on row 1 of batches of three prompts."""
+    target = tiny_target("llama", vocab_size=V, seed=3)
+    with torch.no_grad():  # flatten the tiny model's logits so many pairs occur
+        target.lm_head.weight.mul_(0.25)
+    prompt, others = [3, 1, 4, 1, 5], ([2, 7], [6, 5, 4, 3, 2, 1, 0, 7])
+    cfg = SamplingConfig(temperature=1.0)
+    probs = exact_two_token_joint(target, prompt, cfg)
+
+    class Row1:  # draw_pairs' engine: row 1 of a batch
+        def __init__(self, engine):
+            self.engine = engine
+
+        def generate(self, p, n, sampling):
+            return self.engine.generate_batch([others[0], p, others[1]], n, sampling)[1]
+
+    engine = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=6,topk=3"))
+    counts = draw_pairs(Row1(engine), prompt, cfg, 2000)
+    assert pooled_pvalue(counts, probs) > 1e-3
+    runs = [engine.generate_batch([others[0], prompt], 2, SamplingConfig(temperature=1.0, seed=s))
+            for s in range(100)]
+    assert any(len(r[1].steps) == 1 for r in runs)  # drafts were accepted
+
+
+def test_verify_inputs_layout():
+    # row 0: 3 committed positions of P = 5, tree root -> a, root -> b, a -> c
+    # row 1: all 5 committed, root only (padded with 3 nodes)
+    t0 = Tree(torch.tensor([10, 11, 12, 13]), [-1, 0, 0, 1], [0, 1, 1, 2], [1.0, 0.5, 0.4, 0.3])
+    t1 = Tree(torch.tensor([20]), [-1], [0], [1.0])
+    ids, pos, mask = verify_inputs([t0, t1], [3, 5], 5, torch.float32, "cpu")
+    assert ids.tolist() == [[10, 11, 12, 13], [20, 20, 20, 20]]
+    assert pos.tolist() == [[3, 4, 4, 5], [5, 5, 5, 5]]
+    assert mask.shape == (2, 1, 4, 9)
+    seen = (mask[:, 0] == 0).int().tolist()
+    assert seen[0] == [[1, 1, 1, 0, 0, 1, 0, 0, 0],
+                       [1, 1, 1, 0, 0, 1, 1, 0, 0],
+                       [1, 1, 1, 0, 0, 1, 0, 1, 0],
+                       [1, 1, 1, 0, 0, 1, 1, 0, 1]]
+    assert seen[1] == [[1, 1, 1, 1, 1, 1, 0, 0, 0],
+                       [0, 0, 0, 0, 0, 0, 1, 0, 0],
+                       [0, 0, 0, 0, 0, 0, 0, 1, 0],
+                       [0, 0, 0, 0, 0, 0, 0, 0, 1]]
+    assert float(mask.min()) == torch.finfo(torch.float32).min
+    # one row (no padding) takes a short cut to the same inputs
+    one = verify_inputs([t0], [5], 5, torch.float32, "cpu")
+    two = verify_inputs([t0, t0], [5, 5], 5, torch.float32, "cpu")
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(one, two))
+    # root-only trees on rows of equal length: plain causal attention, no mask
+    assert verify_inputs([t1, t1], [5, 5], 5, torch.float32, "cpu")[2] is None
+    with pytest.raises(ValueError, match="exceed"):
+        verify_inputs([t1], [6], 5, torch.float32, "cpu")
+    ids, pos, mask = prefill_inputs([[4, 5, 6], [7]], torch.float32, "cpu")
+    assert ids.tolist() == [[4, 5, 6], [7, 0, 0]] and pos.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert (mask[:, 0] == 0).int().tolist() == [[[1, 0, 0], [1, 1, 0], [1, 1, 1]],
+                                               [[1, 0, 0], [1, 1, 0], [1, 0, 1]]]
+    assert prefill_inputs([[4, 5], [6, 7]], torch.float32, "cpu")[2] is None
+
+
+@torch.inference_mode()
+def test_compact_rows_moves_each_path_into_its_own_gap():
+    target = tiny_target("llama")
+    cache = new_cache(target.config)
+    target.forward_batch(torch.zeros((2, 9), dtype=torch.long), torch.arange(9).repeat(2, 1), None, cache)
+    layer = cache.layers[0]
+    # tag every column with its index and row so moves can be read back
+    col = torch.arange(9.0)[None, None, :, None]
+    layer.keys = (col + 100 * torch.arange(2.0)[:, None, None, None]).expand_as(layer.keys).clone()
+    layer.values = layer.keys.clone()
+    # P = 5: row 0 holds 3 positions and accepts nodes [0, 2]; row 1 holds 5 and accepts [0, 1, 3]
+    lengths = compact_rows(cache, [3, 5], 5, [[0, 2], [0, 1, 3]])
+    assert lengths == [5, 8] and cache.get_seq_length() == 8
+    assert layer.keys[0, 0, :5, 0].tolist() == [0, 1, 2, 5, 7]
+    assert layer.keys[1, 0, :8, 0].tolist() == [100, 101, 102, 103, 104, 105, 106, 108]
+    assert torch.equal(layer.values, layer.keys)
+    select_rows(cache, [1], 7)  # row 0 leaves; keep 7 positions
+    assert cache.layers[0].keys.shape[:3] == (1, layer.keys.shape[1], 7)
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [100, 101, 102, 103, 104, 105, 106]
+    with pytest.raises(ValueError, match="paths"):
+        compact_rows(cache, [3], 8, [[0], [0]])
+
+
+def test_batched_verify_equals_each_row_alone():
+    """One verification forward over a padded batch gives every row the logits it gets
+    alone (float rounding aside), and the compacted cache continues each row exactly."""
+    target = tiny_target("gpt2")
+    prompts = batch_prompts(target.vocab_size)[:3]
+    trees = [Tree(torch.tensor([p[-1], 7, 9, 11]), [-1, 0, 0, 2], [0, 1, 1, 2], [1.0] * 4) for p in prompts[:2]]
+    trees.append(Tree(torch.tensor([prompts[2][-1]]), [-1], [0], [1.0]))
+    with torch.inference_mode():
+        cache = new_cache(target.config)
+        ids, pos, mask = prefill_inputs([p[:-1] for p in prompts], target.dtype, "cpu")
+        target.forward_batch(ids, pos, mask, cache)
+        lengths = [len(p) - 1 for p in prompts]
+        P = cache.get_seq_length()
+        ids, pos, mask = verify_inputs(trees, lengths, P, target.dtype, "cpu")
+        out = target.forward_batch(ids, pos, mask, cache)
+        for b, (p, tree) in enumerate(zip(prompts, trees)):  # each row's own verification
+            c = new_cache(target.config)
+            if len(p) > 1:
+                target.forward(torch.tensor([p[:-1]]), torch.arange(len(p) - 1)[None], None, c)
+            i, q, m = verify_inputs([tree], [len(p) - 1], len(p) - 1, target.dtype, "cpu")
+            ref = target.forward(i, q, m, c)
+            assert torch.allclose(out.logits[b, :len(tree)], ref.logits, atol=1e-5), b
+        lengths = compact_rows(cache, lengths, P, [[0, 2, 3], [0, 1], [0]])
+        # next step, root only: each row continues from its accepted path
+        nxt = [Tree(torch.tensor([5]), [-1], [0], [1.0])] * 3
+        ids, pos, mask = verify_inputs(nxt, lengths, cache.get_seq_length(), target.dtype, "cpu")
+        out = target.forward_batch(ids, pos, mask, cache)
+        for b, (p, path) in enumerate(zip(prompts, ([9, 11], [7], []))):
+            ref = target.model(torch.tensor([p + path + [5]])).logits[0, -1]
+            assert torch.allclose(out.logits[b, 0], ref, atol=1e-5), b
+
+
+def test_bad_batches_refused():
+    target = tiny_target("llama")
+    engine = Engine(target)
+    with pytest.raises(ValueError, match="no prompts"):
+        engine.generate_batch([], 4)
+    with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
+        engine.generate_batch([[3, 4], []], 4)
+    with pytest.raises(ValueError, match="prompt 0: .*vocabulary"):
+        engine.generate_batch([[3, 10_000], [4]], 4)
+    with pytest.raises(ValueError, match="caps"):
+        engine.generate_batch([[3], [4]], [4])
+    with pytest.raises(ValueError, match="prompt 1: max_new_tokens"):
+        engine.generate_batch([[3], [4]], [4, 0])
+    with pytest.raises(ValueError, match="seeds"):
+        engine.generate_batch([[3], [4]], 4, seeds=[1])
+    with pytest.raises(ValueError, match="the prompt is empty"):  # one prompt: no row named
+        engine.generate_batch([[]], 4)
+    assert [len(o.token_ids) for o in engine.generate_batch([[3], [4, 5]], [2, 3])] == [2, 3]
