@@ -6,6 +6,13 @@ warm-up, at batch size 1, through the same engine. Speedup is per prompt and rep
 (Spec-Bench's protocol, arXiv 2401.07851 §4). Multi-turn prompts are answered turn by
 turn, each method continuing its own conversation.
 
+A batch-size sweep (``BenchConfig.batch_sizes``, ``clover bench --batch-size 1,2,4,8``;
+the Clover paper's Table 1, arXiv 2405.00263) decodes the prompts' first turns in
+batches of B consecutive prompts instead (:meth:`clover.engine.Engine.generate_batch`),
+methods interleaved per batch. Its throughput is total tokens/s over every row of a
+batch, its speedup is over plain decoding of the same batch at the same B (averaged
+over batches), and its accepted length is per row and step.
+
 Output folder: ``results.json`` (machine, settings, every run, summary),
 ``results.md`` (a table per task category) and ``charts.html`` (Plotly).
 """
@@ -48,6 +55,8 @@ class BenchConfig:
             file order, so a short run still covers every category (None = all).
         warmup: warm-up generations per method before timing.
         seed: sampling seed (per prompt and repeat, shared by methods).
+        batch_sizes: batch sizes to sweep; (1,) (the default) runs the per-prompt
+            protocol above, anything else the batch-size sweep (first turns only).
     """
 
     methods: tuple[str, ...] = ("ar", "medusa", "clover")
@@ -57,6 +66,12 @@ class BenchConfig:
     max_prompts: int | None = None
     warmup: int = 1
     seed: int = 0
+    batch_sizes: tuple[int, ...] = (1,)
+
+    @property
+    def sweep(self) -> bool:
+        """Whether this is a batch-size sweep rather than the per-prompt protocol."""
+        return tuple(self.batch_sizes) != (1,)
 
     def __post_init__(self):
         if not self.methods or len(set(self.methods)) != len(self.methods):
@@ -69,6 +84,12 @@ class BenchConfig:
             raise ValueError(f"{HF_LOOKUP} (the transformers reference) runs greedy decoding only")
         if self.max_new_tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("max_new_tokens and repeats must be >= 1, warmup >= 0")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or len(set(sizes)) != len(sizes) or any(
+                not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
+            raise ValueError(f"batch sizes must be distinct integers >= 1, got {list(sizes)}")
+        if self.sweep and HF_LOOKUP in self.methods:
+            raise ValueError(f"{HF_LOOKUP} decodes one prompt at a time: leave it out of a batch-size sweep")
 
 
 @dataclass
@@ -95,6 +116,7 @@ class RunRecord:
     matches_plain: bool | None = None
     ttft_ms: float = 0.0  # time to the first new token: prefill + the first step, first turn
     lookup_share: float | None = None  # accepted drafts that prompt lookup proposed (methods with lookup)
+    batch_size: int = 1  # rows decoded together (sweep: question_id joins theirs with ",")
 
 
 def lookup_share(steps) -> float | None:
@@ -247,6 +269,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 methods=cfg.methods, max_new_tokens=min(16, cfg.max_new_tokens),
                 temperature=cfg.temperature), cfg.seed, encode_prompt)
 
+    if cfg.sweep:
+        return _run_sweep(target, engines, prompts, prompts_path, out_dir, cfg, progress, extra_meta)
     records: list[RunRecord] = []
     bar = tqdm(total=len(prompts) * cfg.repeats * len(cfg.methods), desc="bench", unit="run",
                disable=not progress)
@@ -290,16 +314,103 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     mismatches = [f"{x.method} on {x.question_id} (repeat {x.repeat})" for x in records
                   if x.matches_plain is False]
 
-    results = {"meta": {**machine_info(target), **(extra_meta or {}),
-                        "prompts": str(prompts_path), "n_prompts": len(prompts),
-                        "config": asdict(cfg),
-                        "method_order": f"interleaved per prompt: {', '.join(cfg.methods)}",
-                        "warmup": {"runs_per_method": cfg.warmup,
-                                   "new_tokens": min(16, cfg.max_new_tokens),
-                                   "prompt": str(prompts[0]["question_id"])},
-                        "chat_template": getattr(target.tokenizer, "chat_template", None)},
+    results = {"meta": _meta(target, prompts, prompts_path, cfg, extra_meta, "prompt"),
                "mismatches": mismatches,
                "summary": summarize(records, cfg),
+               "runs": [asdict(x) for x in records]}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "results.md").write_text(markdown_tables(results))
+    write_charts(results, out_dir / "charts.html")
+    return results
+
+
+def _meta(target, prompts, prompts_path, cfg: BenchConfig, extra_meta, unit: str) -> dict:
+    return {**machine_info(target), **(extra_meta or {}),
+            "prompts": str(prompts_path), "n_prompts": len(prompts),
+            "config": asdict(cfg),
+            "method_order": f"interleaved per {unit}: {', '.join(cfg.methods)}",
+            "warmup": {"runs_per_method": cfg.warmup,
+                       "new_tokens": min(16, cfg.max_new_tokens),
+                       "prompt": str(prompts[0]["question_id"])},
+            "chat_template": getattr(target.tokenizer, "chat_template", None)}
+
+
+def batch_record(results: list[GenerationResult], engine, question_ids: list[str], method: str,
+                 repeat: int) -> RunRecord:
+    """One method on one batch of prompts (the rows' results, in order) in one repeat.
+
+    Throughput is over every row: all new tokens over the batch's decode time (the
+    longest row's ``decode_s``, which took part in every step); accepted length is per
+    row and step; draft and verify ms are per batch step."""
+    new = sum(len(x.token_ids) for x in results)
+    longest = max(results, key=lambda x: len(x.steps))  # decoding in every batch step
+    wall = longest.decode_s
+    row_steps = [s for x in results for s in x.steps]
+    heads, lookup = engine.heads, engine.lookup
+    depth = max(heads.config.num_heads if heads is not None else 0,
+                lookup.max_tokens if lookup is not None else 0)
+    first = longest.steps[0] if longest.steps else None
+    return RunRecord(
+        question_id=",".join(question_ids), category="all", method=method, repeat=repeat,
+        new_tokens=new, wall_s=wall, tokens_per_second=new / wall if wall > 0 else 0.0,
+        steps=len(row_steps), mean_accepted_length=new / len(row_steps) if row_steps else 0.0,
+        acceptance_per_depth=acceptance_rates(row_steps, depth),
+        draft_ms=statistics.fmean(s.draft_ms for s in longest.steps) if longest.steps else 0.0,
+        verify_ms=statistics.fmean(s.verify_ms for s in longest.steps) if longest.steps else 0.0,
+        text=[x.text for x in results],
+        lookup_share=lookup_share(row_steps) if lookup is not None else None,
+        ttft_ms=longest.prefill_ms + (first.draft_ms + first.verify_ms if first else 0.0),
+        batch_size=len(results))
+
+
+def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_path, out_dir: Path,
+               cfg: BenchConfig, progress: bool, extra_meta: dict | None) -> dict:
+    """The batch-size sweep of :func:`run_bench` (module docstring): per batch size B the
+    prompts' first turns in consecutive batches of B (a last, smaller batch is left out),
+    every method on each batch in turn, after a warm-up at the largest B."""
+    from tqdm.auto import tqdm
+
+    from clover.models import encode_prompt
+
+    too_big = [b for b in cfg.batch_sizes if b > len(prompts)]
+    if too_big:
+        raise ValueError(f"batch sizes {too_big} exceed the {len(prompts)} prompts")
+    ids = [encode_prompt(target.tokenizer, [{"role": "user", "content": p["turns"][0]}]) for p in prompts]
+    qids = [str(p["question_id"]) for p in prompts]
+    sampling = SamplingConfig(temperature=cfg.temperature)
+    warm = ids[:max(cfg.batch_sizes)]
+    for m in cfg.methods:
+        for _ in range(cfg.warmup):
+            engines[m].generate_batch(warm, min(16, cfg.max_new_tokens), sampling,
+                                      seeds=list(range(len(warm))))
+    batches = {b: [list(range(i, i + b)) for i in range(0, len(prompts) - b + 1, b)] for b in cfg.batch_sizes}
+    bar = tqdm(total=sum(len(v) for v in batches.values()) * cfg.repeats * len(cfg.methods),
+               desc="bench", unit="batch", disable=not progress)
+    records: list[RunRecord] = []
+    for b, rows_list in batches.items():
+        for r in range(cfg.repeats):
+            for rows in rows_list:
+                seeds = [cfg.seed * 1_000_003 + r * 10_007 + i for i in rows]  # as per prompt
+                group = []
+                for m in cfg.methods:
+                    bar.set_postfix(batch_size=b, method=m)
+                    results = engines[m].generate_batch([ids[i] for i in rows], cfg.max_new_tokens,
+                                                        sampling, seeds=seeds)
+                    group.append(batch_record(results, engines[m], [qids[i] for i in rows], m, r))
+                    bar.update(1)
+                plain = next((x for x in group if x.method == "ar"), None)
+                if cfg.temperature == 0 and plain is not None:
+                    for x in group:
+                        if x.method != "ar":
+                            x.matches_plain = x.text == plain.text
+                records += group
+    bar.close()
+    mismatches = [f"{x.method} on {x.question_id} (batch size {x.batch_size}, repeat {x.repeat})"
+                  for x in records if x.matches_plain is False]
+    results = {"meta": _meta(target, prompts, prompts_path, cfg, extra_meta, "batch"),
+               "mismatches": mismatches,
+               "batch_summary": {str(b): summarize([x for x in records if x.batch_size == b], cfg)["all"]
+                                 for b in cfg.batch_sizes},
                "runs": [asdict(x) for x in records]}
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "results.md").write_text(markdown_tables(results))
@@ -362,6 +473,8 @@ def markdown_tables(results: dict) -> str:
     if results.get("mismatches"):
         lines += ["**⚠ Greedy output differs from plain decoding** (a correctness bug): "
                   + "; ".join(results["mismatches"]), ""]
+    if "batch_summary" in results:
+        return "\n".join(lines + batch_table(results["batch_summary"]))
     for cat, methods in results["summary"].items():
         lines += [f"## {cat}", "", "| method | tokens/s | tokens/step | draft ms/step | verify ms/step "
                   "| speedup vs plain (min-max) | same text as plain | drafts from lookup |",
@@ -377,8 +490,58 @@ def markdown_tables(results: dict) -> str:
     return "\n".join(lines)
 
 
+def batch_table(batch_summary: dict) -> list[str]:
+    """Markdown lines: per batch size and method, total tokens/s over all rows, tokens
+    per row and step, and speedup over plain decoding at the same batch size."""
+    lines = ["## Speedup against batch size", "",
+             "Total tokens/s over every row of a batch; speedup over plain decoding of the same "
+             "batches at the same batch size (min-max over repeats).", "",
+             "| batch size | method | tokens/s (all rows) | tokens/step per row | verify ms/step "
+             "| speedup vs plain (min-max) | same text as plain |",
+             "|---|---|---|---|---|---|---|"]
+    for b, methods in batch_summary.items():
+        for m, e in methods.items():
+            sp = (f"{e['speedup']:.2f}x ({e['speedup_min']:.2f}-{e['speedup_max']:.2f})"
+                  if "speedup" in e else "-")
+            same = {True: "yes", False: "NO", None: "-"}[e.get("all_match_plain")]
+            lines.append(f"| {b} | {m} | {e['tokens_per_second']:.1f} | {e['mean_accepted_length']:.2f} | "
+                         f"{e['verify_ms']:.1f} | {sp} | {same} |")
+    return lines + [""]
+
+
+def write_batch_charts(results: dict, path: Path) -> None:
+    """Plotly HTML of a batch-size sweep: total tokens/s and speedup over plain decoding
+    against batch size, one line per method (the shape of the Clover paper's Table 1)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    summary = results["batch_summary"]
+    sizes = [int(b) for b in summary]
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=(
+        "Total decoding speed (all rows of a batch)",
+        "Speedup over plain decoding at the same batch size"))
+    for m in results["meta"]["config"]["methods"]:
+        entries = [summary[str(b)].get(m, {}) for b in sizes]
+        style = dict(mode="lines+markers", line=dict(color=METHOD_COLORS.get(m)), legendgroup=m)
+        fig.add_trace(go.Scatter(name=m, x=sizes, y=[e.get("tokens_per_second") for e in entries], **style),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(name=m, x=sizes, y=[e.get("speedup") for e in entries], showlegend=False,
+                                 **style), row=2, col=1)
+    for row in (1, 2):
+        fig.update_xaxes(title_text="batch size", type="log", tickvals=sizes, ticktext=[str(b) for b in sizes],
+                         row=row, col=1)
+    fig.update_yaxes(title_text="tokens / s", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
+    fig.update_layout(height=800, title=f"clover bench --batch-size: {results['meta']['model']} "
+                      f"on {results['meta']['device']}")
+    fig.write_html(str(path), include_plotlyjs=True)
+
+
 def write_charts(results: dict, path: Path) -> None:
-    """Plotly HTML: tokens/s and speedup per category, acceptance per depth."""
+    """Plotly HTML: tokens/s and speedup per category, acceptance per depth (a batch-size
+    sweep: :func:`write_batch_charts`)."""
+    if "batch_summary" in results:
+        return write_batch_charts(results, path)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

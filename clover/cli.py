@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--repeats", type=_positive_int, default=1)
+    b.add_argument("--batch-size", default="1", metavar="B[,B...]",
+                   help="prompts decoded together; a list (e.g. 1,2,4,8) sweeps them: total "
+                        "tokens/s over all rows and speedup over plain at each batch size, on "
+                        "the prompts' first turns (default 1: the per-prompt protocol)")
     b.add_argument("--tree", default="auto", help="as for generate (default: auto, per method)")
     b.add_argument("--recalibrate", action="store_true", help=RECALIBRATE_HELP)
     b.add_argument("--seed", type=int, default=0)
@@ -337,6 +341,21 @@ def bench_heads_dirs(args, methods) -> dict[str, str | None]:
     return dirs
 
 
+def batch_sizes(spec: str) -> tuple[int, ...]:
+    """``--batch-size``: "4" or a comma-separated list such as "1,2,4,8".
+
+    Raises:
+        ValueError: for anything but positive integers.
+    """
+    try:
+        sizes = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--batch-size takes positive integers such as 1,2,4,8, got {spec!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-size takes positive integers such as 1,2,4,8, got {spec!r}")
+    return sizes
+
+
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
     from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
@@ -348,7 +367,8 @@ def cmd_bench(args) -> int:
                     and with_lookup(m) not in methods]
     cfg = BenchConfig(methods=tuple(methods),
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      repeats=args.repeats, max_prompts=args.max_prompts, seed=args.seed)
+                      repeats=args.repeats, max_prompts=args.max_prompts, seed=args.seed,
+                      batch_sizes=batch_sizes(args.batch_size))
     if cfg.temperature < 0:
         raise ValueError("temperature must be >= 0")
     tree = parse_tree_spec(args.tree)
@@ -375,7 +395,10 @@ def cmd_bench(args) -> int:
                                                if e.lookup is not None},
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
                                               for m in cfg.methods if m != HF_LOOKUP and split_method(m)[0]}})
-    print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
+    if cfg.sweep:
+        print(json.dumps({"out": args.out, "batch": results["batch_summary"]}, indent=1))
+    else:
+        print(json.dumps({"out": args.out, "all": results["summary"]["all"]}, indent=1))
     if results["mismatches"]:
         print("clover bench: error: greedy output differs from plain decoding: "
               + "; ".join(results["mismatches"]), file=sys.stderr)

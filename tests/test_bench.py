@@ -224,3 +224,51 @@ def test_hf_lookup_steps_add_up():
     assert [t for s in res.steps for t in s.new_tokens] == res.token_ids
     assert all(len(s.accepted) <= len(s.nodes) for s in res.steps) and res.decode_s > 0
     assert max(s.accepted_length for s in res.steps) > 1  # lookup drafts were accepted
+
+
+def test_bench_batch_size_sweep(tiny_dir, prompts, tmp_path, capsys):
+    """--batch-size 1,2: every method on batches of 1 and 2 first turns; total tokens/s,
+    speedup over plain at each batch size, and every row's text equal at both sizes."""
+    out = tmp_path / "sweep"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+               "--methods", "ar,medusa,clover+lookup", "--tree", "small", "--batch-size", "1,2",
+               "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["config"]["batch_sizes"] == [1, 2] and res["mismatches"] == []
+    assert res["meta"]["method_order"] == "interleaved per batch: ar, medusa, clover+lookup"
+    runs = res["runs"]
+    assert [(r["batch_size"], r["question_id"]) for r in runs[::3]] == [(1, "1"), (1, "2"), (1, "3"), (2, "1,2")]
+    assert [r["method"] for r in runs[:3]] == ["ar", "medusa", "clover+lookup"]
+    for r in runs:
+        assert len(r["text"]) == r["batch_size"] and r["new_tokens"] == 8 * r["batch_size"]
+        assert r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert r["mean_accepted_length"] >= 1.0 and r["verify_ms"] > 0 and r["ttft_ms"] > 0
+        if r["method"] != "ar":
+            assert r["matches_plain"] is True
+    # a prompt's text does not depend on the batch it was decoded in
+    alone = {r["question_id"]: r["text"][0] for r in runs if r["batch_size"] == 1 and r["method"] == "ar"}
+    pair = next(r for r in runs if r["batch_size"] == 2 and r["method"] == "ar")
+    assert pair["text"] == [alone["1"], alone["2"]]
+    summary = res["batch_summary"]
+    assert list(summary) == ["1", "2"]
+    for entries in summary.values():
+        assert entries["ar"]["speedup"] == pytest.approx(1.0)
+        assert entries["medusa"]["all_match_plain"] is True and entries["medusa"]["speedup"] > 0
+    assert json.loads(capsys.readouterr().out)["batch"]["2"]["ar"]["runs"] == 1
+    md = (out / "results.md").read_text()
+    assert "## Speedup against batch size" in md and "| 2 | clover+lookup |" in md
+    assert "Speedup over plain decoding at the same batch size" in (out / "charts.html").read_text()
+
+
+def test_bench_batch_size_errors(tiny_dir, prompts, tmp_path, capsys):
+    base = ["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--methods", "ar",
+            "--max-new-tokens", "2", "--out", str(tmp_path / "x")]
+    for bad, message in (("0", "positive integers"), ("1,x", "positive integers"),
+                         ("2,4", "batch sizes [4] exceed the 3 prompts")):
+        assert main(base + ["--batch-size", bad]) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="distinct"):
+        BenchConfig(batch_sizes=(2, 2))
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        BenchConfig(methods=("ar", "hf-lookup"), batch_sizes=(1, 2))
