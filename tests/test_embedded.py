@@ -117,3 +117,24 @@ def test_lookup_parity_on_embedded(embedded, references, method):
     res = engine.generate(copy, 16)
     assert res.token_ids == Engine(embedded).generate(copy, 16).token_ids
     assert any(step.nodes[i].source in ("lookup", "both") for step in res.steps for i in step.accepted[1:])
+
+
+def test_batched_rows_on_embedded(embedded, references):
+    """A batch of all six prompts (different lengths): each row decodes its own greedy
+    output (issue 17); row 0 stops on EOS, row 5 at its own max_new_tokens first."""
+    from clover import engine_for
+
+    rows = [references[p][0] for p in PROMPTS]
+    caps = [64, N, N, N, N, 16]
+    eos_run = Engine(embedded).generate(rows[0], 64)
+    assert eos_run.stop_reason == "eos" and len(eos_run.token_ids) < 64
+    want = [eos_run.token_ids] + [references[p][1][:cap] for p, cap in zip(PROMPTS[1:], caps[1:])]
+    engines = {"ar": Engine(embedded),
+               "clover": Engine(embedded, heads_for("clover", embedded)[0], parse_tree_spec("dynamic")),
+               "medusa+lookup": engine_for("medusa+lookup", embedded, parse_tree_spec("dynamic:budget=6"))}
+    for name, engine in engines.items():
+        outs = engine.generate_batch(rows, caps)
+        for b, (ids, out) in enumerate(zip(rows, outs)):
+            assert_same_or_near_tie(embedded, ids, out.token_ids, want[b])
+        assert outs[0].stop_reason == "eos", name
+        assert outs[5].stop_reason == "length" and len(outs[5].token_ids) == 16, name
