@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 
 HF_LOOKUP = "hf-lookup"  # the reference: transformers' own prompt lookup decoding
+HF_GENERATE = "hf-generate"  # the reference of a batch-size sweep: transformers' batched generate
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ class BenchConfig:
 
     Attributes:
         methods: method names in run order (``clover.methods.ALL_METHODS``, or "hf-lookup"
-            for transformers' prompt lookup as a reference); "ar" (plain) is the speedup
-            baseline.
+            for transformers' prompt lookup as a reference, or in a batch-size sweep
+            "hf-generate" for transformers' batched plain ``generate``); "ar" (plain) is
+            the speedup baseline.
         max_new_tokens: per turn.
         temperature: 0 = greedy (then outputs are also checked against plain).
         repeats: passes over the prompts.
@@ -76,12 +78,13 @@ class BenchConfig:
     def __post_init__(self):
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError("methods must be a non-empty list without repeats")
-        unknown = set(self.methods) - set(ALL_METHODS) - {HF_LOOKUP}
+        unknown = set(self.methods) - set(ALL_METHODS) - {HF_LOOKUP, HF_GENERATE}
         if unknown:
             raise ValueError(f"unknown methods {sorted(unknown)}; use {', '.join(ALL_METHODS)} "
                              f"or {HF_LOOKUP} (transformers' prompt lookup, for reference)")
-        if HF_LOOKUP in self.methods and self.temperature > 0:
-            raise ValueError(f"{HF_LOOKUP} (the transformers reference) runs greedy decoding only")
+        for ref in (HF_LOOKUP, HF_GENERATE):
+            if ref in self.methods and self.temperature > 0:
+                raise ValueError(f"{ref} (the transformers reference) runs greedy decoding only")
         if self.max_new_tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("max_new_tokens and repeats must be >= 1, warmup >= 0")
         sizes = tuple(self.batch_sizes)
@@ -90,6 +93,9 @@ class BenchConfig:
             raise ValueError(f"batch sizes must be distinct integers >= 1, got {list(sizes)}")
         if self.sweep and HF_LOOKUP in self.methods:
             raise ValueError(f"{HF_LOOKUP} decodes one prompt at a time: leave it out of a batch-size sweep")
+        if not self.sweep and HF_GENERATE in self.methods:
+            raise ValueError(f"{HF_GENERATE} is the reference of a batch-size sweep: give --batch-size "
+                             "with more than batch size 1")
 
 
 @dataclass
@@ -206,6 +212,80 @@ class HFPromptLookup:
             decode_s=sum(s.verify_ms for s in steps) / 1e3, method=HF_LOOKUP)
 
 
+class HFGenerate:
+    """transformers' own batched greedy ``generate`` (left padded) on the same model object,
+    timed like an engine: the reference that batched plain decoding is held to in a
+    batch-size sweep (issue 17: the engine's plain decoding within 10% of it).
+
+    Every target forward is timed by hooks and is one step of every row still decoding
+    (finished rows are padded by ``generate`` until the longest ends, and their steps stop
+    at their EOS). As for :class:`HFPromptLookup`, the time of a forward over the prompts but
+    their last tokens, measured just before on the same model, is taken off the first
+    forward, so that, like the engine's, the step times leave the prefill out.
+    """
+
+    heads = None
+    lookup = None
+    method = HF_GENERATE
+
+    def __init__(self, target):
+        self.target = target
+
+    def generate_batch(self, prompts, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                       stop_strings=(), seeds=None) -> list[GenerationResult]:
+        """One :class:`GenerationResult` per prompt (greedy; ``seeds`` are ignored).
+
+        Raises:
+            ValueError: for sampling or stop strings (not supported by this reference).
+        """
+        import time
+
+        from clover.trace import StepTrace, TreeNode
+
+        if (sampling is not None and sampling.temperature > 0) or stop_strings:
+            raise ValueError(f"the {HF_GENERATE} reference runs greedy decoding without stop strings only")
+        model, device = self.target.model, self.target.device
+        eos = sorted(self.target.eos_token_ids)
+        pad = (eos or [0])[0]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padded, as generate expects
+            ids[b, width - len(p):] = torch.tensor(list(p))
+            mask[b, width - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        calls: list[list[float]] = []  # [start, end] of every forward of generate
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            if width > 1:  # what the engine leaves out of its step times
+                model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True, logits_to_keep=1)
+            prefill_ms = (time.perf_counter() - t0) * 1e3
+            pre = model.register_forward_pre_hook(lambda *a: calls.append([time.perf_counter(), 0.0]))
+            post = model.register_forward_hook(lambda *a: calls[-1].__setitem__(1, time.perf_counter()))
+            try:
+                out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                     eos_token_id=eos or None, pad_token_id=pad)
+            finally:
+                pre.remove()
+                post.remove()
+        ms = [(end - start) * 1e3 for start, end in calls]
+        ms[0] = max(ms[0] - prefill_ms, 0.0)
+        results = []
+        for b, (p, row) in enumerate(zip(prompts, out[:, width:].tolist())):
+            end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            tokens = row[:end]
+            steps = [StepTrace(step=i, nodes=[TreeNode(0, t, "", -1, 0, 1.0, 1.0, "root")], accepted=[0],
+                               bonus_token=t, bonus_text="", new_tokens=[t], accepted_length=1,
+                               draft_ms=0.0, verify_ms=ms[i], total_tokens=i + 1,
+                               finished=i == len(tokens) - 1, row=b) for i, t in enumerate(tokens)]
+            results.append(GenerationResult(
+                text=self.target.tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tokens,
+                steps=steps, prompt_tokens=len(p), prefill_ms=prefill_ms,
+                decode_s=sum(ms[:len(tokens)]) / 1e3,
+                stop_reason="eos" if tokens and tokens[-1] in eos else "length", method=HF_GENERATE))
+        return results
+
+
 def machine_info(target) -> dict:
     """Hardware, dtype, threads and versions, stated with the results."""
     import transformers
@@ -262,6 +342,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    if cfg.sweep:
+        return _run_sweep(target, engines, prompts, prompts_path, out_dir, cfg, progress, extra_meta)
     warm = prompts[0]["turns"][:1]
     for m in cfg.methods:
         for _ in range(cfg.warmup):
@@ -269,8 +351,6 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 methods=cfg.methods, max_new_tokens=min(16, cfg.max_new_tokens),
                 temperature=cfg.temperature), cfg.seed, encode_prompt)
 
-    if cfg.sweep:
-        return _run_sweep(target, engines, prompts, prompts_path, out_dir, cfg, progress, extra_meta)
     records: list[RunRecord] = []
     bar = tqdm(total=len(prompts) * cfg.repeats * len(cfg.methods), desc="bench", unit="run",
                disable=not progress)

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure plain, Medusa, Clover and Clover-2 side by side")
     b.add_argument("--methods", default="ar,medusa,clover",
                    help=f"comma-separated, from {','.join(ALL_METHODS)}; also hf-lookup "
-                        "(transformers' prompt lookup decoding on the same model, a reference)")
+                        "(transformers' prompt lookup decoding on the same model, a reference) and, "
+                        "in a --batch-size sweep, hf-generate (transformers' batched generate)")
     b.add_argument("--lookup", action="store_true",
                    help="also run each listed head method with a prompt lookup branch")
     b.add_argument("--model", default=None, help="target (default: embedded model)")
@@ -358,7 +359,7 @@ def batch_sizes(spec: str) -> tuple[int, ...]:
 
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
-    from clover.bench import HF_LOOKUP, BenchConfig, HFPromptLookup, run_bench
+    from clover.bench import HF_GENERATE, HF_LOOKUP, BenchConfig, HFGenerate, HFPromptLookup, run_bench
     from clover.methods import split_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -377,8 +378,8 @@ def cmd_bench(args) -> int:
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
     for m in sorted(cfg.methods, key=lambda m: "+" in m):
-        if m == HF_LOOKUP:
-            engines[m] = HFPromptLookup(target)
+        if m in (HF_LOOKUP, HF_GENERATE):
+            engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
             continue
         kind = split_method(m)[0]
         engines[m] = engine_for(m, target, tree, heads_dirs.get(kind),
@@ -394,7 +395,8 @@ def cmd_bench(args) -> int:
                                     "lookup": {m: asdict(e.lookup) for m, e in engines.items()
                                                if e.lookup is not None},
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
-                                              for m in cfg.methods if m != HF_LOOKUP and split_method(m)[0]}})
+                                              for m in cfg.methods
+                                              if m not in (HF_LOOKUP, HF_GENERATE) and split_method(m)[0]}})
     if cfg.sweep:
         print(json.dumps({"out": args.out, "batch": results["batch_summary"]}, indent=1))
     else:

@@ -272,3 +272,38 @@ def test_bench_batch_size_errors(tiny_dir, prompts, tmp_path, capsys):
         BenchConfig(batch_sizes=(2, 2))
     with pytest.raises(ValueError, match="one prompt at a time"):
         BenchConfig(methods=("ar", "hf-lookup"), batch_sizes=(1, 2))
+
+
+def test_bench_sweep_reports_transformers_batched_generate(tiny_dir, prompts, tmp_path):
+    """hf-generate, transformers' batched greedy generate on the same model object, is the
+    reference for batched plain decoding: same text per row, its own tokens/s."""
+    out = tmp_path / "hf"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "6",
+               "--methods", "ar,hf-generate", "--batch-size", "1,3", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    hf = [r for r in res["runs"] if r["method"] == "hf-generate"]
+    assert [r["batch_size"] for r in hf] == [1, 1, 1, 3]
+    assert all(r["matches_plain"] is True and r["tokens_per_second"] > 0 for r in hf)
+    assert all(r["steps"] == 6 * r["batch_size"] and r["verify_ms"] > 0 for r in hf)
+    assert res["batch_summary"]["3"]["hf-generate"]["speedup"] > 0
+    with pytest.raises(ValueError, match="reference of a batch-size sweep"):
+        BenchConfig(methods=("ar", "hf-generate"))
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        BenchConfig(methods=("ar", "hf-generate"), temperature=0.5, batch_sizes=(1, 2))
+
+
+def test_hf_generate_rows_end_at_their_eos():
+    from clover import Engine
+    from clover.bench import HFGenerate
+    from conftest import tiny_target
+
+    target = tiny_target("llama")
+    prompts = [[5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15]]
+    plain = [Engine(target).generate(p, 12).token_ids for p in prompts]
+    target.eos_token_ids = {plain[0][4]}
+    want = [Engine(target).generate(p, 12) for p in prompts]
+    got = HFGenerate(target).generate_batch(prompts, 12)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.stop_reason for g in got] == [w.stop_reason for w in want]
+    assert all(len(g.steps) == len(g.token_ids) and g.decode_s > 0 for g in got)
