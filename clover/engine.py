@@ -36,6 +36,9 @@ layout, and why it is exact:
   (:func:`verify_inputs`) is an additive float (B, 1, N, P + N) tensor, which transformers
   hands to attention unchanged: a masked key weighs ``exp(finfo.min) = 0`` exactly, so a
   row's logits are its unbatched logits up to the float rounding of batched products.
+* Draft: per row, from its own drafter; rows whose drafters can draft together
+  (``draft_many``, e.g. Medusa: one heads call over every row's hidden state) do so
+  (:func:`clover.heads.base.draft_rows`).
 * Accept: per row, on that row's own N_b logits.
 * Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
   (:func:`clover.cache.compact_rows`): every row stays contiguous from column 0, and the
@@ -61,7 +64,7 @@ import torch
 from clover.acceptance import Acceptance, SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter
-from clover.heads.base import Drafter
+from clover.heads.base import Drafter, draft_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
@@ -387,8 +390,8 @@ class BatchRun:
         while active:
             with torch.inference_mode():
                 t_draft = time.perf_counter()
-                trees = [r.drafter.draft(r.root, max_depth=r.max_new_tokens - len(r.new) - 1)
-                         for r in active]
+                trees = draft_rows([r.drafter for r in active], [r.root for r in active],
+                                   [r.max_new_tokens - len(r.new) - 1 for r in active])
                 self._sync()
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)

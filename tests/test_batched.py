@@ -16,7 +16,7 @@ import torch
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
 from clover.cache import compact_rows, new_cache, select_rows
 from clover.engine import prefill_inputs, verify_inputs
-from clover.heads.base import DraftHeads, HeadConfig
+from clover.heads.base import DraftHeads, HeadConfig, PlainDrafter, draft_rows
 from clover.lookup import LookupConfig
 from clover.tree import Tree
 from conftest import oracle_tree_fn, perturb, random_tree_fn, tiny_target
@@ -310,3 +310,29 @@ def test_bad_batches_refused():
     with pytest.raises(ValueError, match="the prompt is empty"):  # one prompt: no row named
         engine.generate_batch([[]], 4)
     assert [len(o.token_ids) for o in engine.generate_batch([[3], [4, 5]], [2, 3])] == [2, 3]
+    with pytest.raises(ValueError, match="2 roots"):
+        draft_rows([PlainDrafter()], [1, 2], [3])
+
+
+def test_medusa_rows_draft_together():
+    """Medusa drafts a batch in one heads call per step (``draft_many``), and each row's
+    trees are the ones it drafts alone."""
+    target = tiny_target("llama")
+    heads = perturb(new_heads("medusa", target, num_heads=3), scale=0.2, seed=1)
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    prompts = batch_prompts(target.vocab_size)[:4]
+    calls = []
+    hook = heads.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
+    try:
+        run = engine.stream_batch(prompts, 12)
+        steps = list(run)
+    finally:
+        hook.remove()
+    # one call per step; rows with a verified state (all but a one-token prompt's first step)
+    assert len(calls) == len(steps)
+    assert calls[0] == (3, target.hidden_size) and calls[1][0] == 4
+    for prompt, out in zip(prompts, run.results):
+        alone = engine.generate(prompt, 12)
+        assert [[n.token_id for n in s.nodes] for s in out.steps] == \
+            [[n.token_id for n in s.nodes] for s in alone.steps]
+        assert [[n.parent for n in s.nodes] for s in out.steps] == [[n.parent for n in s.nodes] for s in alone.steps]

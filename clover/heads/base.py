@@ -10,6 +10,11 @@ hands out a :class:`Drafter`: a small stateful object with two calls,
 
 The engine owns everything else (verification, acceptance, KV cache), so every method is
 compared on identical machinery. Plain decoding is :class:`PlainDrafter`: the empty tree.
+
+A batched run (``clover.engine``) keeps one drafter per row. A drafter class may also offer
+``draft_many(drafters, roots, max_depths)`` (a static method: the trees of several rows'
+drafters of that class sharing one set of heads, e.g. one heads call over all rows);
+:func:`draft_rows` uses it where it can.
 """
 from __future__ import annotations
 
@@ -172,6 +177,35 @@ class Drafter(Protocol):
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
         """The candidate tree rooted at ``root_token``, at most ``max_depth`` deep."""
+
+
+def draft_rows(drafters: Sequence[Drafter], roots: Sequence[int], max_depths: Sequence[int]) -> list[Tree]:
+    """Each row's candidate tree for one step of a batch, row b's from ``drafters[b]``.
+
+    Rows whose drafters are of one class offering ``draft_many`` and share the same heads
+    are drafted together in one ``draft_many`` call; every other row (and a lone row of a
+    class) by its own ``draft``.
+
+    Raises:
+        ValueError: when the three lists differ in length.
+    """
+    if not len(drafters) == len(roots) == len(max_depths):
+        raise ValueError(f"{len(drafters)} drafters, {len(roots)} roots and {len(max_depths)} depths")
+    groups: dict[tuple, list[int]] = {}
+    for i, d in enumerate(drafters):
+        key = ((type(d), id(getattr(d, "heads", None))) if hasattr(type(d), "draft_many")
+               else ("own", i))
+        groups.setdefault(key, []).append(i)
+    trees: list[Tree | None] = [None] * len(drafters)
+    for rows in groups.values():
+        if len(rows) == 1:
+            trees[rows[0]] = drafters[rows[0]].draft(roots[rows[0]], max_depths[rows[0]])
+            continue
+        many = type(drafters[rows[0]]).draft_many
+        for i, tree in zip(rows, many([drafters[i] for i in rows], [roots[i] for i in rows],
+                                      [max_depths[i] for i in rows])):
+            trees[i] = tree
+    return trees
 
 
 class PlainDrafter:

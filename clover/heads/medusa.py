@@ -77,9 +77,29 @@ class MedusaDrafter:
         if self.last_hidden is None:
             return root_only(root_token)
         probs = torch.softmax(self.heads(self.last_hidden, self.target).float(), dim=-1)  # (K, V)
+        return self._grow(root_token, max_depth, probs)
 
+    def _grow(self, root_token: int, max_depth: int, probs: torch.Tensor) -> Tree:
+        """The tree from the heads' (K, V') draft probabilities."""
         def expand(depth, node_ids, parent_ids, tokens):
             return probs[depth].expand(len(node_ids), -1)  # (n, V)
 
         return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
                          self.heads.draft_vocab)
+
+    @staticmethod
+    def draft_many(drafters: list["MedusaDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
+        """:meth:`draft` for several rows of a batch whose drafters share one set of heads:
+        one heads call over their last hidden states, (B, D) -> (B, K, V'), so the heads'
+        weights (above all the vocabulary projection) are read once per step, not once per
+        row. Each row's tree is the one its own :meth:`draft` grows (up to float rounding).
+        """
+        ready = [i for i, d in enumerate(drafters) if d.last_hidden is not None]
+        trees = [root_only(r) for r in roots]
+        if ready:
+            first = drafters[ready[0]]
+            hidden = torch.stack([drafters[i].last_hidden for i in ready])  # (B, D)
+            probs = torch.softmax(first.heads(hidden, first.target).float(), dim=-1)  # (B, K, V')
+            for j, i in enumerate(ready):
+                trees[i] = drafters[i]._grow(roots[i], max_depths[i], probs[j])
+        return trees
