@@ -374,8 +374,7 @@ def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols, cfg: Tra
     else:
         if reg:
             pre = perturb_features(pre, cfg.dropout, cfg.feature_noise, gen)
-        h0 = heads.augment_hidden(pre, None, 0)  # (B, T, D)
-        h = h0[rows, cols]
+        h = heads.augment_at(pre, rows, cols)  # (M, D) h_0 at the sampled positions
         T = ids.shape[1]
         for k in range(heads.config.num_heads):
             tok = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}

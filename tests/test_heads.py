@@ -282,3 +282,33 @@ def test_heads_for_names_where_heads_came_from(tmp_path):
         heads_for("medusa", target, tmp_path / "c")
     with pytest.raises(ValueError, match="unknown method"):
         heads_for("eagle", target)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_augment_at_equals_the_full_block(arch):
+    """Training reads h_0 at sampled positions only; CloverHeads.augment_at must give the
+    full Augmenting Block's values there, and the same gradients (a partial forward for
+    Llama/Qwen2 layers, the full one otherwise)."""
+    target = tiny_target(arch)
+    heads = perturb(new_heads("clover", target, num_heads=2), scale=0.2).float().train()
+    g = torch.Generator().manual_seed(1)
+    B, T, D = 3, 19, target.hidden_size
+    pre = torch.randn(B, T, D, generator=g)
+    rows = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 0])  # one row out of order, repeats allowed
+    cols = torch.tensor([0, 5, 11, 3, 18, 2, 7, 8, 16, 4])
+    weights = torch.randn(len(rows), D, generator=g)
+
+    def run(fn):
+        heads.zero_grad()
+        torch.manual_seed(0)  # GPT-2's block has dropout in training mode: the same masks
+        out = fn()
+        (out * weights).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in heads.augment.named_parameters() if p.grad is not None}
+
+    fast, fast_grads = run(lambda: heads.augment_at(pre, rows, cols))
+    full, full_grads = run(lambda: heads.augment_hidden(pre, None, 0)[rows, cols])
+    assert fast.shape == (len(rows), D)
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-4)
+    assert fast_grads.keys() == full_grads.keys() and full_grads
+    for name in full_grads:
+        torch.testing.assert_close(fast_grads[name], full_grads[name], atol=1e-5, rtol=1e-4)

@@ -32,6 +32,16 @@ from clover.models import decoder_layers, final_norm_name
 from clover.tree import Tree, TreeConfig, root_only
 
 
+# decoder layers whose pre-norm attention + MLP structure CloverHeads.augment_at repeats
+_PARTIAL_LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer"}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation of the last dimension's halves: (x1, x2) -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
 def build_augmenting_block(target_config, num_layers: int = 1, overrides: dict | None = None) -> nn.Module:
     """A base model of the target's architecture with ``num_layers`` decoder layers (each
     of the kind of the target's last one), fed with hidden states.
@@ -153,6 +163,59 @@ class CloverHeads(DraftHeads):
             (B, T, D) h_0 per position.
         """
         return run_augmenting_block(self.augment, hidden_pre, cache, start)
+
+    def augment_at(self, hidden_pre: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """h_0 at some positions of a batch: ``augment_hidden(hidden_pre, None, 0)[rows,
+        cols]``, computed for those positions only where the block is one Llama/Qwen2
+        layer (training reads h_0 at a few sampled positions per conversation).
+
+        Only the keys and values are needed at every position; the query, attention,
+        output projection and MLP run at the M chosen positions, about 6x fewer
+        multiply-adds for 64 of ~500 positions per row. Same function and gradients as
+        the full forward (tested); other blocks run the full forward.
+
+        Args:
+            hidden_pre: (B, T, D) target states before the final norm, from position 0.
+            rows, cols: (M,) long, the batch row and position of each wanted h_0.
+        Returns:
+            (M, D) h_0 at those positions.
+        """
+        layers = decoder_layers(self.augment)
+        rope = getattr(self.augment, "rotary_emb", None)
+        layer = layers[0]
+        attn = getattr(layer, "self_attn", None)
+        if (len(layers) != 1 or rope is None or type(layer).__name__ not in _PARTIAL_LAYERS
+                or getattr(attn, "attention_dropout", 0.0) or len(rows) == 0):
+            return self.augment_hidden(hidden_pre, None, 0)[rows, cols]
+        B = hidden_pre.shape[0]
+        T = int(cols.max()) + 1  # later positions are never attended to
+        h = hidden_pre[:, :T]
+        cos, sin = rope(h, torch.arange(T, device=h.device).unsqueeze(0).expand(B, -1))  # (B, T, hd)
+        hd = attn.head_dim
+        x = layer.input_layernorm(h)
+        k = attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2)  # (B, KVH, T, hd)
+        v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+        k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+        k = k.repeat_interleave(attn.num_key_value_groups, dim=1)  # (B, H, T, hd)
+        v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
+        h_sel = h[rows, cols]  # (M, D)
+        q = attn.q_proj(x[rows, cols]).view(len(rows), -1, hd)  # (M, H, hd)
+        c, s_ = cos[rows, cols][:, None], sin[rows, cols][:, None]
+        q = q * c + _rotate_half(q) * s_
+        order = torch.argsort(rows, stable=True)
+        out, start = [], 0
+        for b, n in zip(*torch.unique_consecutive(rows[order], return_counts=True)):
+            idx = order[start: start + n]
+            start += int(n)
+            qb = q[idx].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
+            mask = torch.arange(T, device=h.device)[None, :] <= cols[idx][:, None]  # (n, T) causal
+            o = nn.functional.scaled_dot_product_attention(qb, k[b: b + 1], v[b: b + 1], attn_mask=mask,
+                                                           scale=attn.scaling)
+            out.append(o[0].transpose(0, 1))  # (n, H, hd)
+        o = torch.empty_like(q)
+        o[order] = torch.cat(out)
+        h1 = h_sel + attn.o_proj(o.reshape(len(rows), -1))
+        return h1 + layer.mlp(layer.post_attention_layernorm(h1))
 
     def regressive_embedding(self, tokens: torch.Tensor, target) -> torch.Tensor:
         """e: L2-normalised lm_head rows, (...,) long -> (..., D)."""
