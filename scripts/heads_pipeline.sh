@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Head training runs for issue 14, one after another. Every run resumes from its
+# checkpoint, so re-running this script continues the queue where it stopped:
+#   nohup scripts/heads_pipeline.sh >> runs/heads-pipeline.log 2>&1 &
+# It waits while the data pipeline (scripts/data_pipeline.sh) runs: two jobs on two
+# cores each run at a fraction of their speed. All runs share one hidden-state cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+THREADS="${THREADS:-2}"
+while pgrep -f data_pipeline.sh >/dev/null; do sleep 30; done
+DATA=data/selfdistill-v2
+COMMON=(--data "$DATA" --hidden-cache runs/hidden-v2-full.safetensors --decay 0.8
+        --eval-conversations 48 --threads "$THREADS")
+
+run() {  # name, then clover train options
+  local name=$1; shift
+  if [ -f "runs/$name/training.json" ]; then echo "== $name done"; return; fi
+  echo "== $(date -u +%FT%TZ) $name"
+  clover train "$@" --out "runs/$name" "${COMMON[@]}"
+}
+
+# the recipe's base on all v2 greedy data (3.3x the pilots' conversations), both kinds
+run full-v2-clover --preset smollm2-clover
+run full-v2-medusa --preset smollm2-medusa
+# ablations on the same data and steps: regularisation, then HASS top-K distillation
+run full-v2-clover-reg --preset smollm2-clover --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
+run full-v2-clover-topk --preset smollm2-clover --topk-weight 1.0 --topk 10
+echo "== $(date -u +%FT%TZ) done"
