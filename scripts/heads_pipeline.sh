@@ -17,7 +17,7 @@ run() {  # name, then clover train options
   local name=$1; shift
   if [ -f "runs/$name/training.json" ]; then echo "== $name done"; return; fi
   echo "== $(date -u +%FT%TZ) $name"
-  clover train "$@" --out "runs/$name" "${COMMON[@]}"
+  clover train "${COMMON[@]}" "$@" --out "runs/$name"  # later options win
 }
 
 # the recipe's base on all v2 greedy data (3.3x the pilots' conversations), both kinds
@@ -26,4 +26,7 @@ run full-v2-medusa --preset smollm2-medusa
 # ablations on the same data and steps: regularisation, then HASS top-K distillation
 run full-v2-clover-reg --preset smollm2-clover --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
 run full-v2-clover-topk --preset smollm2-clover --topk-weight 1.0 --topk 10
+# forward-labelled fixed text (Python docstrings, teacher forcing) on top of the answers
+[ -d data/text-pydoc ] || clover text-data --out data/text-pydoc
+run full-v2-clover-text --preset smollm2-clover --data "$DATA,data/text-pydoc"
 echo "== $(date -u +%FT%TZ) done"
