@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Container, Sequence
+from typing import Callable, Container, Generator, Sequence
 
 import torch
 
@@ -292,6 +292,23 @@ def _top(dist: torch.Tensor, k: int, vocab: torch.Tensor | None):
     return top_p.tolist(), top_i.tolist()
 
 
+# A growth is a generator: it yields each expand request ``(depth, node_ids, parent_ids,
+# node_tokens)`` (the arguments of an ExpandFn), is sent the children's draft probabilities
+# (n, V'), and returns the Tree. One driver serves one tree (:func:`grow_tree`), another
+# many trees in lock step (:func:`grow_trees`), with the same growth code.
+Growth = Generator[tuple[int, list[int], list[int], list[int]], torch.Tensor, Tree]
+
+
+def _drive(growth: Growth, expand: ExpandFn) -> Tree:
+    """Run one growth, answering its requests with ``expand``."""
+    try:
+        request = next(growth)
+        while True:
+            request = growth.send(expand(*request))
+    except StopIteration as done:
+        return done.value
+
+
 def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int,
                 vocab: torch.Tensor | None = None) -> Tree:
     """Grow a static tree from Medusa-style paths, one ``expand`` call per depth.
@@ -301,6 +318,11 @@ def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int,
     Raises:
         ValueError: when a rank exceeds the vocabulary size.
     """
+    return _drive(static_growth(root_token, paths, max_depth, vocab), expand)
+
+
+def static_growth(root_token: int, paths, max_depth: int, vocab: torch.Tensor | None = None) -> Growth:
+    """:func:`grow_static` as a growth (see :data:`Growth`)."""
     paths = sorted({tuple(p) for p in paths if len(p) <= max_depth}, key=lambda p: (len(p), p))
     node_of = {(): 0}
     tokens, parents, depths, probs = [root_token], [-1], [0], [1.0]
@@ -311,7 +333,7 @@ def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int,
         parent_paths = sorted({p[:-1] for p in level})
         parent_ids = [node_of[p] for p in parent_paths]
         grand_ids = [parents[i] for i in parent_ids]
-        dist = expand(d, parent_ids, grand_ids, [tokens[i] for i in parent_ids])  # (n, V)
+        dist = yield d, parent_ids, grand_ids, [tokens[i] for i in parent_ids]  # (n, V)
         k = max(p[-1] for p in level) + 1
         if k > dist.shape[-1]:
             raise ValueError(f"tree rank {k - 1} exceeds the vocabulary size {dist.shape[-1]}")
@@ -329,6 +351,12 @@ def grow_static(root_token: int, paths, expand: ExpandFn, max_depth: int,
 
 def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int,
                  vocab: torch.Tensor | None = None) -> Tree:
+    """Grow a dynamic tree; see :func:`dynamic_growth`."""
+    return _drive(dynamic_growth(root_token, cfg, max_depth, vocab), expand)
+
+
+def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
+                   vocab: torch.Tensor | None = None) -> Growth:
     """Grow a dynamic tree by joint draft probability (EAGLE-2 style, Clover-1 sampler).
 
     Per depth: expand the frontier (at most ``cfg.topk`` nodes), propose each node's top
@@ -348,8 +376,7 @@ def grow_dynamic(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: 
         if len(pool) >= cfg.budget and \
                 sorted(c[0] for c in pool)[-cfg.budget] >= max(f[3] for f in frontier):
             break  # no deeper node can beat the kept ones: the same tree, fewer head calls
-        dist = expand(d, [f[0] for f in frontier], [f[1] for f in frontier],
-                      [f[2] for f in frontier])  # (n, V)
+        dist = yield d, [f[0] for f in frontier], [f[1] for f in frontier], [f[2] for f in frontier]  # (n, V)
         top_p, top_t = _top(dist, min(cfg.topk, dist.shape[-1]), vocab)
         level = []
         for (pid, _, _, joint), ps, ts in zip(frontier, top_p, top_t):
@@ -382,10 +409,54 @@ def grow_tree(root_token: int, cfg: TreeConfig, expand: ExpandFn, max_depth: int
               vocab: torch.Tensor | None = None) -> Tree:
     """Grow a tree of either kind; ``max_depth`` caps the drafted depth (>= 0);
     ``vocab`` maps draft-vocabulary columns to token ids (None: the full vocabulary)."""
+    return _drive(growth(root_token, cfg, max_depth, vocab), expand)
+
+
+def growth(root_token: int, cfg: TreeConfig, max_depth: int, vocab: torch.Tensor | None = None) -> Growth:
+    """:func:`grow_tree` as a growth (see :data:`Growth`)."""
     if cfg.max_depth is not None:
         max_depth = min(max_depth, cfg.max_depth)
     if max_depth <= 0:
         return root_only(root_token)
     if cfg.kind == "static":
-        return grow_static(root_token, cfg.paths, expand, max_depth, vocab)
-    return grow_dynamic(root_token, cfg, expand, max_depth, vocab)
+        return (yield from static_growth(root_token, cfg.paths, max_depth, vocab))
+    return (yield from dynamic_growth(root_token, cfg, max_depth, vocab))
+
+
+# expand_many(depth, requests) -> one (n, V') probability tensor per request, in order; a
+# request is (row, node_ids, parent_ids, node_tokens) of one tree, all at ``depth``
+ExpandManyFn = Callable[[int, list[tuple[int, list[int], list[int], list[int]]]], list[torch.Tensor]]
+
+
+def grow_trees(roots: Sequence[int], cfg: TreeConfig, expand_many: ExpandManyFn,
+               max_depths: Sequence[int], vocab: torch.Tensor | None = None) -> list[Tree]:
+    """Grow one tree per row of a batch in lock step, each exactly as :func:`grow_tree`
+    grows it alone: every round, the rows still growing expand their nodes of one depth,
+    and one ``expand_many`` call serves them all (e.g. one head call over every row's
+    nodes). Returns the trees in row order.
+
+    Raises:
+        ValueError: when ``roots`` and ``max_depths`` differ in length.
+    """
+    if len(roots) != len(max_depths):
+        raise ValueError(f"{len(roots)} roots but {len(max_depths)} depths")
+    growths = [growth(r, cfg, d, vocab) for r, d in zip(roots, max_depths)]
+    trees: list[Tree | None] = [None] * len(growths)
+    pending: dict[int, tuple] = {}  # row -> its request
+
+    def advance(row: int, dist: torch.Tensor | None) -> None:
+        try:
+            pending[row] = next(growths[row]) if dist is None else growths[row].send(dist)
+        except StopIteration as done:
+            trees[row] = done.value
+            pending.pop(row, None)
+
+    for row in range(len(growths)):
+        advance(row, None)
+    while pending:
+        depth = min(request[0] for request in pending.values())  # rows grow one depth a round
+        rows = [row for row, request in pending.items() if request[0] == depth]
+        dists = expand_many(depth, [(row, *pending[row][1:]) for row in rows])
+        for row, dist in zip(rows, dists):
+            advance(row, dist)
+    return trees

@@ -69,10 +69,10 @@ class OracleHeads(DraftHeads):
 
 
 def engines(target, refs, prompts) -> dict[str, Engine]:
-    """Every method on ``target``: plain, Medusa, Clover (fresh, perturbed heads), lookup,
-    Clover + lookup, and oracle trees."""
+    """Every method on ``target``: plain, Medusa, Clover, Clover-2 (fresh, perturbed heads),
+    lookup, Clover + lookup, and oracle trees."""
     out = {"ar": Engine(target), "lookup": Engine(target, lookup=LookupConfig(max_tokens=4))}
-    for kind in ("medusa", "clover"):
+    for kind in ("medusa", "clover", "clover2"):
         heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
         out[kind] = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
     out["clover+lookup"] = Engine(target, out["clover"].heads, parse_tree_spec("small"),
@@ -336,3 +336,27 @@ def test_medusa_rows_draft_together():
         assert [[n.token_id for n in s.nodes] for s in out.steps] == \
             [[n.token_id for n in s.nodes] for s in alone.steps]
         assert [[n.parent for n in s.nodes] for s in out.steps] == [[n.parent for n in s.nodes] for s in alone.steps]
+
+
+def test_clover2_rows_grow_their_trees_together():
+    """Clover-2 grows a batch's trees in lock step: one head step per depth for all rows,
+    and each row's trees are the ones it grows alone."""
+    target = tiny_target("qwen2")
+    heads = perturb(new_heads("clover2", target, num_heads=3), scale=0.2, seed=1)
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    prompts = batch_prompts(target.vocab_size)[:4]
+    calls = []
+    real = heads.step
+    heads.step = lambda prev, *a: calls.append(prev.shape[0]) or real(prev, *a)
+    try:
+        run = engine.stream_batch(prompts, 10)
+        steps = list(run)
+    finally:
+        del heads.step
+    assert len(calls) <= 3 * len(steps)  # at most one step per depth, whatever the rows
+    assert max(calls) > 3  # steps served several rows' nodes at once
+    for prompt, out in zip(prompts, run.results):
+        alone = engine.generate(prompt, 10)
+        assert out.token_ids == alone.token_ids
+        assert [[(n.token_id, n.parent) for n in s.nodes] for s in out.steps] == \
+            [[(n.token_id, n.parent) for n in s.nodes] for s in alone.steps]

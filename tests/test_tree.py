@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from clover.tree import (STATIC_TREES, Tree, TreeConfig, ancestor_matrix, grow_dynamic,
-                         grow_static, grow_tree, parse_tree_spec, position_ids, tree_mask)
+                         grow_static, grow_tree, grow_trees, parse_tree_spec, position_ids, tree_mask)
 
 
 def fixed_expand(vocab=10):
@@ -192,3 +192,27 @@ def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
     assert got == unpruned(4, cfg, random_expand(seed), 3)
     if budget == 1:
         assert expand.calls == [0]  # the best child of the root beats everything deeper
+
+
+@pytest.mark.parametrize("spec", ["dynamic", "dynamic:budget=4,topk=2", "small", "chain3"])
+def test_grow_trees_in_lock_step_equals_each_alone(spec):
+    """Rows of a batch grow together, one expand_many call per depth, each into the tree it
+    grows alone (rows of different depth limits stop early: 0 = the root alone)."""
+    cfg = parse_tree_spec(spec)
+    roots, depths = [3, 5, 8, 2], [3, 1, 0, 2]
+    rounds = []
+
+    def expand_many(depth, requests):
+        rounds.append((depth, [r[0] for r in requests]))
+        expand = fixed_expand()
+        return [expand(depth, node_ids, parent_ids, tokens) for _, node_ids, parent_ids, tokens in requests]
+
+    trees = grow_trees(roots, cfg, expand_many, depths)
+    for root, depth, tree in zip(roots, depths, trees):
+        alone = grow_tree(root, cfg, fixed_expand(), depth)
+        assert tree.tokens.tolist() == alone.tokens.tolist() and tree.parents == alone.parents
+        assert tree.draft_probs == alone.draft_probs
+    assert [d for d, _ in rounds] == list(range(len(rounds)))  # one call per depth
+    assert 2 not in rounds[0][1]  # the depth-0 row never expands
+    with pytest.raises(ValueError, match="depths"):
+        grow_trees([1], cfg, expand_many, [1, 2])

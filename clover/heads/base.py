@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from clover.cpu_linear import few_row_linear, use_few_row_linears
-from clover.tree import Tree, TreeConfig, grow_tree, root_only
+from clover.tree import Tree, TreeConfig, grow_trees, root_only
 
 log = logging.getLogger(__name__)
 
@@ -233,18 +233,40 @@ def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_toke
     Args:
         root_state: (D,) the state the root's step starts from.
     """
-    states: dict[int, torch.Tensor] = {}  # node id -> that node's state
-    device = root_state.device
+    return grow_recurrent_trees(heads, target, tree, [root_token], [root_state], [max_depth])[0]
 
-    def expand(depth, node_ids, parent_ids, tokens):
-        prev = torch.stack([root_state if p < 0 else states[p] for p in parent_ids])  # (n, D)
-        h, logits = heads.step(prev, torch.tensor(tokens, device=device), depth, target)
-        for i, nid in enumerate(node_ids):
-            states[nid] = h[i]
-        return torch.softmax(logits.float(), dim=-1)  # (n, V')
 
-    return grow_tree(root_token, tree, expand, min(max_depth, heads.config.num_heads),
-                     heads.draft_vocab)
+def grow_recurrent_trees(heads: "DraftHeads", target, tree: TreeConfig, roots: Sequence[int],
+                         root_states: Sequence[torch.Tensor], max_depths: Sequence[int]) -> list[Tree]:
+    """:func:`grow_recurrent_tree` for the rows of a batch at once: the trees grow in lock
+    step (:func:`clover.tree.grow_trees`), and each depth calls ``heads.step`` once over
+    every row's expanded nodes, (sum of n, D). Each tree is the one its row grows alone.
+
+    Args:
+        root_states: (D,) per row.
+    Raises:
+        ValueError: when the lists differ in length.
+    """
+    if not len(roots) == len(root_states) == len(max_depths):
+        raise ValueError(f"{len(roots)} roots, {len(root_states)} states and {len(max_depths)} depths")
+    states: list[dict[int, torch.Tensor]] = [{} for _ in roots]  # per row: node id -> state
+
+    def expand_many(depth, requests):
+        prev = torch.cat([torch.stack([root_states[row] if p < 0 else states[row][p] for p in parent_ids])
+                          for row, _, parent_ids, _ in requests])  # (n, D) over all rows
+        tokens = torch.tensor([t for *_, toks in requests for t in toks], device=prev.device)
+        h, logits = heads.step(prev, tokens, depth, target)
+        probs = torch.softmax(logits.float(), dim=-1)  # (n, V')
+        out, start = [], 0
+        for row, node_ids, _, _ in requests:
+            for i, nid in enumerate(node_ids):
+                states[row][nid] = h[start + i]
+            out.append(probs[start:start + len(node_ids)])
+            start += len(node_ids)
+        return out
+
+    return grow_trees(roots, tree, expand_many, [min(d, heads.config.num_heads) for d in max_depths],
+                      heads.draft_vocab)
 
 
 class DraftHeads(nn.Module):

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, grow_recurrent_tree
+from clover.heads.base import DraftHeads, HeadConfig, grow_recurrent_tree, grow_recurrent_trees
 from clover.heads.clover import (AttentionDecoder, build_augmenting_block, copy_last_layer,
                                  run_augmenting_block)
 from clover.tree import Tree, TreeConfig, root_only
@@ -194,13 +194,34 @@ class Clover2Drafter:
         self.next_tokens.extend(tokens[1:])
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
-        if max_depth <= 0:
+        if not self._ready(root_token, max_depth):
             return root_only(root_token)
+        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.z, max_depth)
+
+    def _ready(self, root_token: int, max_depth: int) -> bool:
+        """Run the block over the waiting positions (their next token known now that the
+        root is); whether there is a tree to grow (a state, and depth to draft)."""
+        if max_depth <= 0:
+            return False
         if self.waiting is not None:
             nxt = torch.tensor([self.next_tokens + [root_token]], device=self.waiting.device)
             z = self.heads.context(self.waiting.unsqueeze(0), nxt, self.cache, self.length, self.target)
             self.length += self.waiting.shape[0]
             self.z, self.waiting, self.next_tokens = z[0, -1], None, []
-        if self.z is None:  # a one-token prompt: nothing verified yet
-            return root_only(root_token)
-        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.z, max_depth)
+        return self.z is not None  # None: a one-token prompt, nothing verified yet
+
+    @staticmethod
+    def draft_many(drafters: list["Clover2Drafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
+        """:meth:`draft` for several rows of a batch sharing one set of heads: each row's
+        block runs over its own waiting positions, then the trees grow together, one
+        ``step`` per depth over every row's nodes
+        (:func:`clover.heads.base.grow_recurrent_trees`)."""
+        ready = [i for i, d in enumerate(drafters) if d._ready(roots[i], max_depths[i])]
+        trees = [root_only(r) for r in roots]
+        if ready:
+            first = drafters[ready[0]]
+            grown = grow_recurrent_trees(first.heads, first.target, first.tree, [roots[i] for i in ready],
+                                         [drafters[i].z for i in ready], [max_depths[i] for i in ready])
+            for i, tree in zip(ready, grown):
+                trees[i] = tree
+        return trees
