@@ -338,11 +338,12 @@ def test_medusa_rows_draft_together():
         assert [[n.parent for n in s.nodes] for s in out.steps] == [[n.parent for n in s.nodes] for s in alone.steps]
 
 
-def test_clover2_rows_grow_their_trees_together():
-    """Clover-2 grows a batch's trees in lock step: one head step per depth for all rows,
-    and each row's trees are the ones it grows alone."""
+@pytest.mark.parametrize("kind", ["clover", "clover2"])
+def test_recurrent_rows_grow_their_trees_together(kind):
+    """Clover and Clover-2 grow a batch's trees in lock step: one head step per depth for
+    all rows, and each row's trees are the ones it grows alone."""
     target = tiny_target("qwen2")
-    heads = perturb(new_heads("clover2", target, num_heads=3), scale=0.2, seed=1)
+    heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
     engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
     prompts = batch_prompts(target.vocab_size)[:4]
     calls = []

@@ -27,7 +27,7 @@ import copy
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_recurrent_tree
+from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_recurrent_tree, grow_recurrent_trees
 from clover.models import decoder_layers, final_norm_name
 from clover.tree import Tree, TreeConfig, root_only
 
@@ -259,3 +259,18 @@ class CloverDrafter:
         if self.h0 is None:
             return root_only(root_token)
         return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.h0, max_depth)
+
+    @staticmethod
+    def draft_many(drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
+        """:meth:`draft` for several rows of a batch sharing one set of heads: the trees grow
+        together, one head step per depth over every row's nodes
+        (:func:`clover.heads.base.grow_recurrent_trees`)."""
+        ready = [i for i, d in enumerate(drafters) if d.h0 is not None]
+        trees = [root_only(r) for r in roots]
+        if ready:
+            first = drafters[ready[0]]
+            grown = grow_recurrent_trees(first.heads, first.target, first.tree, [roots[i] for i in ready],
+                                         [drafters[i].h0 for i in ready], [max_depths[i] for i in ready])
+            for i, tree in zip(ready, grown):
+                trees[i] = tree
+        return trees
