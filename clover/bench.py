@@ -217,11 +217,14 @@ class HFGenerate:
     timed like an engine: the reference that batched plain decoding is held to in a
     batch-size sweep (issue 17: the engine's plain decoding within 10% of it).
 
-    Every target forward is timed by hooks and is one step of every row still decoding
-    (finished rows are padded by ``generate`` until the longest ends, and their steps stop
-    at their EOS). As for :class:`HFPromptLookup`, the time of a forward over the prompts but
-    their last tokens, measured just before on the same model, is taken off the first
-    forward, so that, like the engine's, the step times leave the prefill out.
+    Every target forward is one step of every row still decoding (finished rows are padded
+    by ``generate`` until the longest ends, and their steps stop at their EOS). A step is
+    timed, by hooks, from the start of its forward to the start of the next (the last: to
+    the return of ``generate``), so, like the engine's step times, it includes choosing
+    the token, stopping checks and cache bookkeeping. As for :class:`HFPromptLookup`, the
+    time of a forward over the prompts but their last tokens, measured just before on the
+    same model, is taken off the first step, so that, like the engine's, the step times
+    leave the prefill out.
     """
 
     heads = None
@@ -254,21 +257,22 @@ class HFGenerate:
             ids[b, width - len(p):] = torch.tensor(list(p))
             mask[b, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        calls: list[list[float]] = []  # [start, end] of every forward of generate
+        starts: list[float] = []  # the start of every forward of generate
         with torch.inference_mode():
             t0 = time.perf_counter()
             if width > 1:  # what the engine leaves out of its step times
                 model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True, logits_to_keep=1)
             prefill_ms = (time.perf_counter() - t0) * 1e3
-            pre = model.register_forward_pre_hook(lambda *a: calls.append([time.perf_counter(), 0.0]))
-            post = model.register_forward_hook(lambda *a: calls[-1].__setitem__(1, time.perf_counter()))
+            hook = model.register_forward_pre_hook(lambda *a: starts.append(time.perf_counter()))
             try:
                 out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                                      eos_token_id=eos or None, pad_token_id=pad)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                starts.append(time.perf_counter())
             finally:
-                pre.remove()
-                post.remove()
-        ms = [(end - start) * 1e3 for start, end in calls]
+                hook.remove()
+        ms = [(end - start) * 1e3 for start, end in zip(starts, starts[1:])]
         ms[0] = max(ms[0] - prefill_ms, 0.0)
         results = []
         for b, (p, row) in enumerate(zip(prompts, out[:, width:].tolist())):

@@ -37,7 +37,8 @@ layout, and why it is exact:
   hands to attention unchanged: a masked key weighs ``exp(finfo.min) = 0`` exactly, so a
   row's logits are its unbatched logits up to the float rounding of batched products.
 * Draft: per row, from its own drafter; rows whose drafters can draft together
-  (``draft_many``, e.g. Medusa: one heads call over every row's hidden state) do so
+  (``draft_many``: Medusa makes one heads call over every row's hidden state, Clover and
+  Clover-2 grow the rows' trees in lock step, one head step per depth) do so
   (:func:`clover.heads.base.draft_rows`).
 * Accept: per row, on that row's own N_b logits.
 * Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
@@ -245,19 +246,16 @@ def verify_inputs(trees: Sequence[Tree], lengths: Sequence[int], prefix_len: int
         tree = trees[0]
         mask = tree_mask(tree.parents, prefix_len, dtype, device) if n > 1 else None
         return tree.tokens[None].to(device), position_ids(tree.depths, prefix_len, device), mask
-    ids = torch.empty((b, n), dtype=torch.long)
-    positions = torch.tensor(lengths, dtype=torch.long)[:, None].repeat(1, n)  # (B, N)
-    anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
-    for row, tree in enumerate(trees):
-        k = len(tree)
-        ids[row, :k] = tree.tokens.cpu()
-        ids[row, k:] = ids[row, 0]
-        positions[row, :k] += torch.tensor(tree.depths)
-        if k > 1:
-            anc[row, :k, :k] = ancestor_matrix(tree.parents)
-    ids, positions = ids.to(device), positions.to(device)
+    tokens = [tree.tokens.tolist() for tree in trees]
+    ids = torch.tensor([t + t[:1] * (n - len(t)) for t in tokens], device=device)  # (B, N)
+    positions = torch.tensor([[L + d for d in tree.depths] + [L] * (n - len(tree))
+                              for L, tree in zip(lengths, trees)], device=device)  # (B, N)
     if n == 1 and all(L == prefix_len for L in lengths):
         return ids, positions, None
+    anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
+    for row, tree in enumerate(trees):
+        if len(tree) > 1:
+            anc[row, :len(tree), :len(tree)] = ancestor_matrix(tree.parents)
     real = torch.arange(n)[None, :] < torch.tensor([len(t) for t in trees])[:, None]  # (B, N)
     committed = torch.arange(prefix_len)[None, :] < torch.tensor(lengths)[:, None]  # (B, P)
     allowed = torch.cat([real[:, :, None] & committed[:, None, :], anc], dim=-1)  # (B, N, P+N)
@@ -402,24 +400,28 @@ class BatchRun:
                 accs = [accept(tree, lg, sampling, r.generator)
                         for r, tree, lg in zip(active, trees, logits)]
                 lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
-                commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]
+                commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]  # kept
                 keep = [b for b, r in enumerate(active) if r.stop_reason is None]
                 if len(keep) < len(active):  # finished rows leave the batch
                     select_rows(cache, keep, max((lengths[b] for b in keep), default=0))
                 self._sync()
                 t_update = time.perf_counter()
-                for b in keep:
-                    r, path = active[b], accs[b].path
-                    r.drafter.observe(out.hidden_pre[b, path], out.hidden_post[b, path],
-                                      trees[b].tokens[path].tolist())
+                if keep:  # the accepted paths' hidden states, (m_b, D) per row, in one gather
+                    paths = [accs[b].path for b in keep]
+                    at = (torch.tensor([b for b, path in zip(keep, paths) for _ in path], device=target.device),
+                          torch.tensor([i for path in paths for i in path], device=target.device))
+                    sizes = [len(path) for path in paths]
+                    pre, post = out.hidden_pre[at].split(sizes), out.hidden_post[at].split(sizes)
+                for j, b in enumerate(keep):
+                    r, tokens = active[b], trees[b].tokens.tolist()
+                    r.drafter.observe(pre[j], post[j], [tokens[i] for i in paths[j]])
                     r.root, r.length = accs[b].bonus_token, lengths[b]
                 self._sync()
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
                 verify_ms = (t_update - t_verify) * 1e3
-                traces = [self._trace(r, tree, lg, acc, kept, texts, draft_ms, verify_ms)
-                          for r, tree, lg, acc, (kept, texts)
-                          in zip(active, trees, logits, accs, commits)]
+                traces = [self._trace(r, tree, lg, acc, kept, draft_ms, verify_ms)
+                          for r, tree, lg, acc, kept in zip(active, trees, logits, accs, commits)]
             yield traces
             active = [active[b] for b in keep]
 
@@ -430,16 +432,13 @@ class BatchRun:
             method=self.engine.method, seed=r.generator.initial_seed(),
         ) for r in rows]
 
-    def _commit(self, row: _Row, tree: Tree, acc: Acceptance) -> tuple[list[int], list[str]]:
+    def _commit(self, row: _Row, tree: Tree, acc: Acceptance) -> list[int]:
         """Commit the accepted drafts and the bonus token to ``row``, stopping where plain
-        decoding would; returns the tokens kept and the text each adds."""
+        decoding would; returns the tokens kept."""
         committed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus_token]
         kept, row.stop_reason = self._cut(row, committed)
         row.new.extend(kept)
-        texts = [row.detok.push(t) for t in kept]
-        if row.stop_reason is not None:
-            texts[-1] += row.detok.flush()
-        return kept, texts
+        return kept
 
     def _cut(self, row: _Row, committed: list[int]) -> tuple[list[int], str | None]:
         """Commit tokens one at a time, stopping exactly where plain decoding would."""
@@ -458,10 +457,13 @@ class BatchRun:
         return kept, None
 
     def _trace(self, row: _Row, tree: Tree, logits: torch.Tensor, acc: Acceptance,
-               kept: list[int], texts: list[str], draft_ms: float, verify_ms: float) -> StepTrace:
+               kept: list[int], draft_ms: float, verify_ms: float) -> StepTrace:
         """The row's record of this step (appended to its steps); the times are the
         whole batch step's."""
         n_drafts = min(len(kept), len(acc.path) - 1)  # accepted drafts committed
+        texts = [row.detok.push(t) for t in kept]  # the text each committed token adds
+        if row.stop_reason is not None:
+            texts[-1] += row.detok.flush()
         bonus_prob = float(logits_to_probs(logits[acc.path[-1]], self.sampling)[acc.bonus_token])
         row.decode_s += (draft_ms + verify_ms) / 1e3
         trace = StepTrace(
