@@ -32,9 +32,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from clover.cache import crop_cache, new_cache
-from clover.engine import Engine
+from clover.engine import Engine, verify_inputs
+from clover.heads.base import draft_rows
 from clover.models import encode_prompt
-from clover.tree import Tree, TreeConfig, position_ids, tree_mask
+from clover.tree import Tree, TreeConfig
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +111,15 @@ def pool_size(tree: TreeConfig, depth: int) -> int:
     return tree.topk + max(0, depth - 1) * tree.topk ** 2
 
 
-def verify_once(target, cache, prefix_len: int, tree: Tree):
+def verify_once(target, cache, prefix_len: int, tree: Tree, batch_size: int = 1):
     """A callable that runs one verification forward of ``tree`` on top of the
-    ``prefix_len`` cached tokens, then crops the cache back (for timing)."""
-    tokens = tree.tokens.to(target.device)[None]
-    pos = position_ids(tree.depths, prefix_len, target.device)
-    mask = tree_mask(tree.parents, prefix_len, target.dtype, target.device) if len(tree) > 1 else None
+    ``prefix_len`` cached tokens, then crops the cache back (for timing); with
+    ``batch_size`` B, of B rows each verifying ``tree`` (the cache holds B rows)."""
+    tokens, pos, mask = verify_inputs([tree] * batch_size, [prefix_len] * batch_size, prefix_len,
+                                      target.dtype, target.device)
 
     def run():
-        target.forward(tokens, pos, mask, cache)
+        target.forward_batch(tokens, pos, mask, cache)
         crop_cache(cache, prefix_len)
     return run
 
@@ -176,9 +177,13 @@ def sized_lookup(target, lookup=None):
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 5,
-              prefix_len: int = 256) -> tuple[TreeConfig, AutoTreeReport]:
+              prefix_len: int = 256, batch_size: int = 1) -> tuple[TreeConfig, AutoTreeReport]:
     """Pick the dynamic tree budget that maximises expected tokens/s, or no tree (kind
     "off", ``report.chosen`` 0) when none is expected to beat plain decoding.
+
+    With ``batch_size`` B the costs are those of a batched step (``clover.engine``): B
+    rows drafted together and one forward verifying B trees, whose cost grows with
+    B x nodes, so a larger batch affords a smaller tree (tau per row does not depend on B).
 
     Args:
         heads: Medusa or Clover heads (None returns ``base`` unchanged).
@@ -190,6 +195,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             context is short; prompts that do not fit are skipped).
         prefix_len: cached prefix length for the timing forwards (capped so that the
             deepest tree still fits the model's context).
+        batch_size: rows decoded together (B >= 1).
     Returns:
         (the chosen TreeConfig, the AutoTreeReport behind the choice).
     """
@@ -232,24 +238,30 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     prefix_len = max(1, min(prefix_len, target.max_context - depth - 2))
     ids = torch.randint(0, target.vocab_size, (1, prefix_len),
                         generator=torch.Generator().manual_seed(0)).to(target.device)
+    rows = ids.expand(batch_size, -1)  # (B, P): every row the same text
     with torch.inference_mode():
         cache = new_cache(target.config)
-        out = target.forward(ids, torch.arange(prefix_len, device=target.device)[None], None, cache,
-                             last_only=True)
-        drafter = heads.drafter(target, big)
-        drafter.observe(out.hidden_pre, out.hidden_post, ids[0].tolist())
+        out = target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
+                                   None, cache, last_only=True)
+        drafters = [heads.drafter(target, big) for _ in range(batch_size)]
+        for b, drafter in enumerate(drafters):
+            drafter.observe(out.hidden_pre[b], out.hidden_post[b], ids[0].tolist())
 
         def verify(tree: Tree):
-            return verify_once(target, cache, prefix_len, tree)
+            return verify_once(target, cache, prefix_len, tree, batch_size)
+
+        def draft():
+            return draft_rows(drafters, [root] * batch_size, [depth] * batch_size)[0]
 
         root = int(ids[0, -1])
         plain_ms = median_ms(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
         draft_ms, verify_ms, nodes = [], [], []
         for b in budgets:
-            drafter.tree = replace(big, budget=b)
-            tree = drafter.draft(root, depth)
+            for drafter in drafters:
+                drafter.tree = replace(big, budget=b)
+            tree = draft()
             nodes.append(len(tree) - 1)
-            draft_ms.append(median_ms(lambda: drafter.draft(root, depth), repeats))
+            draft_ms.append(median_ms(draft, repeats))
             verify_ms.append(median_ms(verify(tree), repeats))
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
@@ -264,10 +276,11 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     return replace(base, kind="dynamic", budget=budgets[best]), report
 
 
-def calibration_key(target, heads, base: TreeConfig) -> str:
+def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str:
     """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
-    a hash of the heads' weights, the base tree, the torch thread count, the processor and
-    the versions of torch, transformers and this library."""
+    a hash of the heads' weights, the base tree, the torch thread count, the processor,
+    the versions of torch, transformers and this library, and the batch size (named only
+    above 1, so keys stored before batching stay valid)."""
     import hashlib
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -296,11 +309,13 @@ def calibration_key(target, heads, base: TreeConfig) -> str:
     fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
-                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))])
+                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))]
+                    + ([f"batch={batch_size}"] if batch_size > 1 else []))
 
 
 def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
-                     measure: bool = True, recalibrate: bool = False) -> TreeConfig | None:
+                     measure: bool = True, recalibrate: bool = False,
+                     batch_size: int = 1) -> TreeConfig | None:
     """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI: the
     stored budget where one was measured under the same :func:`calibration_key`, else
     measured now (``measure``) and stored, else None.
@@ -309,6 +324,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
         path: the JSON file (default ``~/.cache/clover-studio/autotree.json``, or
             ``$CLOVER_CACHE_DIR/autotree.json``).
         recalibrate: measure again (and store) even where a budget is stored.
+        batch_size: the batch size the tree is for (:func:`auto_tree`).
     """
     import json
     import os
@@ -320,7 +336,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
     if heads is None:
         return base
     path = Path(path or Path(os.environ.get("CLOVER_CACHE_DIR") or DEFAULT_CACHE_DIR) / "autotree.json")
-    key = calibration_key(target, heads, base)
+    key = calibration_key(target, heads, base, batch_size)
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -331,7 +347,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
         return replace(base, kind="dynamic", budget=stored[key], auto=False)
     if not measure:
         return None
-    tree, report = auto_tree(target, heads, replace(base, auto=False))
+    tree, report = auto_tree(target, heads, replace(base, auto=False), batch_size=batch_size)
     if report.budgets:  # a real measurement (not the too-short-context fallback)
         try:
             stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -346,7 +362,7 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
 
 
 def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, path=None,
-                 measure: bool = True, recalibrate: bool = False):
+                 measure: bool = True, recalibrate: bool = False, batch_size: int = 1):
     """The one place where the tree setting "auto" becomes a concrete tree for this
     machine; the CLI, the bench, the app and the notebooks call it before building an
     :class:`~clover.engine.Engine` (which takes concrete trees only).
@@ -364,6 +380,8 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
         path, recalibrate: see :func:`stored_auto_tree`.
         measure: False: never time anything; where no budget is stored, ``tree`` comes
             back still marked ``auto`` (the app then decides what to run meanwhile).
+        batch_size: the heads' tree is sized for batches of this many rows (the lookup
+            cost curve stays the one of a single row).
     Returns:
         (tree, lookup).
     """
@@ -375,5 +393,5 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
     if heads is None:
         return replace(tree, auto=False), lookup
     found = stored_auto_tree(target, heads, replace(tree, auto=False), path, measure=measure,
-                             recalibrate=recalibrate)
+                             recalibrate=recalibrate, batch_size=batch_size)
     return (tree if found is None else found), lookup

@@ -318,7 +318,8 @@ def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig
 
 
 def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_dir: str | Path,
-              cfg: BenchConfig, progress: bool = True, extra_meta: dict | None = None) -> dict:
+              cfg: BenchConfig, progress: bool = True, extra_meta: dict | None = None,
+              batch_engines: dict[int, dict[str, Engine]] | None = None) -> dict:
     """Run the benchmark and write results.json, results.md and charts.html.
 
     At temperature 0 every speculative run's text is compared with plain decoding's on
@@ -328,6 +329,9 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
 
     Args:
         engines: method name -> Engine (the same target for all).
+        batch_engines: in a batch-size sweep, batch size -> method -> Engine for the batch
+            sizes whose engines differ (e.g. an "auto" tree sized per batch size); the
+            others use ``engines``.
     Returns:
         the results dict written to results.json.
     Raises:
@@ -347,7 +351,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     out_dir.mkdir(parents=True, exist_ok=True)
 
     if cfg.sweep:
-        return _run_sweep(target, engines, prompts, prompts_path, out_dir, cfg, progress, extra_meta)
+        return _run_sweep(target, engines, prompts, prompts_path, out_dir, cfg, progress, extra_meta,
+                          batch_engines or {})
     warm = prompts[0]["turns"][:1]
     for m in cfg.methods:
         for _ in range(cfg.warmup):
@@ -448,10 +453,12 @@ def batch_record(results: list[GenerationResult], engine, question_ids: list[str
 
 
 def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_path, out_dir: Path,
-               cfg: BenchConfig, progress: bool, extra_meta: dict | None) -> dict:
+               cfg: BenchConfig, progress: bool, extra_meta: dict | None,
+               batch_engines: dict[int, dict[str, Engine]]) -> dict:
     """The batch-size sweep of :func:`run_bench` (module docstring): per batch size B the
     prompts' first turns in consecutive batches of B (a last, smaller batch is left out),
-    every method on each batch in turn, after a warm-up at the largest B."""
+    every method on each batch in turn (``batch_engines[B]`` where given, else
+    ``engines``), after a warm-up at the largest B."""
     from tqdm.auto import tqdm
 
     from clover.models import encode_prompt
@@ -465,22 +472,23 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
     warm = ids[:max(cfg.batch_sizes)]
     for m in cfg.methods:
         for _ in range(cfg.warmup):
-            engines[m].generate_batch(warm, min(16, cfg.max_new_tokens), sampling,
-                                      seeds=list(range(len(warm))))
+            batch_engines.get(len(warm), engines)[m].generate_batch(
+                warm, min(16, cfg.max_new_tokens), sampling, seeds=list(range(len(warm))))
     batches = {b: [list(range(i, i + b)) for i in range(0, len(prompts) - b + 1, b)] for b in cfg.batch_sizes}
     bar = tqdm(total=sum(len(v) for v in batches.values()) * cfg.repeats * len(cfg.methods),
                desc="bench", unit="batch", disable=not progress)
     records: list[RunRecord] = []
     for b, rows_list in batches.items():
+        by_method = batch_engines.get(b, engines)
         for r in range(cfg.repeats):
             for rows in rows_list:
                 seeds = [cfg.seed * 1_000_003 + r * 10_007 + i for i in rows]  # as per prompt
                 group = []
                 for m in cfg.methods:
                     bar.set_postfix(batch_size=b, method=m)
-                    results = engines[m].generate_batch([ids[i] for i in rows], cfg.max_new_tokens,
-                                                        sampling, seeds=seeds)
-                    group.append(batch_record(results, engines[m], [qids[i] for i in rows], m, r))
+                    results = by_method[m].generate_batch([ids[i] for i in rows], cfg.max_new_tokens,
+                                                          sampling, seeds=seeds)
+                    group.append(batch_record(results, by_method[m], [qids[i] for i in rows], m, r))
                     bar.update(1)
                 plain = next((x for x in group if x.method == "ar"), None)
                 if cfg.temperature == 0 and plain is not None:

@@ -376,16 +376,28 @@ def cmd_bench(args) -> int:
     heads_dirs = bench_heads_dirs(args, cfg.methods)
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
-    engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
-    for m in sorted(cfg.methods, key=lambda m: "+" in m):
-        if m in (HF_LOOKUP, HF_GENERATE):
-            engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
-            continue
-        kind = split_method(m)[0]
-        engines[m] = engine_for(m, target, tree, heads_dirs.get(kind),
-                                recalibrate=args.recalibrate and kind not in sized)
-        sized.add(kind)
-    engines = {m: engines[m] for m in cfg.methods}
+    def build(batch_size: int, reuse: dict | None = None) -> dict:
+        """The engine of every method, an "auto" tree sized for ``batch_size``; with
+        ``reuse``, the methods without heads are taken from there."""
+        engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
+        for m in sorted(cfg.methods, key=lambda m: "+" in m):
+            kind = None if m in (HF_LOOKUP, HF_GENERATE) else split_method(m)[0]
+            if reuse is not None and kind is None:
+                engines[m] = reuse[m]
+            elif m in (HF_LOOKUP, HF_GENERATE):
+                engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
+            else:
+                engines[m] = engine_for(m, target, tree, heads_dirs.get(kind), batch_size=batch_size,
+                                        recalibrate=args.recalibrate and kind not in sized)
+                sized.add(kind)
+        return {m: engines[m] for m in cfg.methods}
+
+    engines = build(1)
+    # a sweep with the auto tree: the head methods' trees sized per batch size
+    batch_engines = ({size: build(size, engines) for size in cfg.batch_sizes if size > 1}
+                     if cfg.sweep and tree.auto else {})
+    trees_per_batch = {str(size): {m: e.tree.describe() for m, e in by_method.items() if e.heads is not None}
+                       for size, by_method in batch_engines.items()}
     results = run_bench(target, engines, args.prompts or _shipped_prompts("heldout.jsonl"), args.out, cfg,
                         extra_meta={"tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
@@ -396,7 +408,9 @@ def cmd_bench(args) -> int:
                                                if e.lookup is not None},
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
                                               for m in cfg.methods
-                                              if m not in (HF_LOOKUP, HF_GENERATE) and split_method(m)[0]}})
+                                              if m not in (HF_LOOKUP, HF_GENERATE) and split_method(m)[0]},
+                                    **({"tree_chosen_per_batch_size": trees_per_batch} if batch_engines else {})},
+                        batch_engines=batch_engines)
     if cfg.sweep:
         print(json.dumps({"out": args.out, "batch": results["batch_summary"]}, indent=1))
     else:

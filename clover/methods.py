@@ -38,7 +38,7 @@ def split_method(method: str) -> tuple[str | None, bool]:
 
 
 def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
-               lookup=None, *, recalibrate: bool = False):
+               lookup=None, *, recalibrate: bool = False, batch_size: int = 1):
     """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
     :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
     target, else fresh ones) and the tree setting resolved for this machine by
@@ -50,6 +50,7 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
         tree: a ``TreeConfig`` for the head methods (default ``TreeConfig()``), "auto" or not.
         lookup: the ``LookupConfig`` when the method uses lookup (default ``LookupConfig()``).
         recalibrate: measure the auto tree again even where one is stored.
+        batch_size: size an "auto" tree for batches of this many rows.
     Raises:
         ValueError: unknown method, heads that do not fit.
     """
@@ -61,5 +62,5 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
     kind, uses_lookup = split_method(method)
     heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
     tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
-                                recalibrate=recalibrate)
+                                recalibrate=recalibrate, batch_size=batch_size)
     return Engine(target, heads, tree, lookup)

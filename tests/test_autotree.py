@@ -101,3 +101,26 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
     assert parse_tree_spec("off").off and parse_tree_spec("off").describe().startswith("speculation off")
+
+
+def test_auto_tree_per_batch_size(tmp_path):
+    """The tree is sized for a batch: a batched step's costs (rows drafted together, one
+    forward over B trees), stored under its own key; batch size 1 keeps the old key."""
+    import clover.autotree as at
+
+    target = tiny_target("llama")
+    target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
+    heads = perturb(new_heads("medusa", target), 0.1)
+    cfg, report = auto_tree(target, heads, budgets=(1, 4, 16), tokens=8, repeats=1, prefix_len=16,
+                            batch_size=4)
+    assert report.budgets == [1, 4, 16] and all(v > 0 for v in report.verify_ms) and not cfg.auto
+    base = TreeConfig()
+    assert at.calibration_key(target, heads, base) == at.calibration_key(target, heads, base, 1)
+    assert at.calibration_key(target, heads, base, 4).endswith("|batch=4")
+    store = tmp_path / "autotree.json"
+    tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store, batch_size=4)
+    assert not tree.auto
+    assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False,
+                        batch_size=4)[0] == tree
+    # batch size 1 was not measured: nothing stored for it
+    assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0].auto

@@ -307,3 +307,25 @@ def test_hf_generate_rows_end_at_their_eos():
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.stop_reason for g in got] == [w.stop_reason for w in want]
     assert all(len(g.steps) == len(g.token_ids) and g.decode_s > 0 for g in got)
+
+
+def test_bench_sweep_sizes_the_auto_tree_per_batch_size(tiny_dir, prompts, tmp_path, monkeypatch):
+    """--tree auto in a sweep: each head method's tree is resolved for every batch size
+    (the verify cost grows with rows x nodes) and recorded in the results."""
+    import clover.autotree as at
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
+    sized = []
+    real = at.auto_tree
+
+    def spy(target, heads, base=None, **kw):
+        sized.append(kw.get("batch_size", 1))
+        return real(target, heads, base, tokens=4, repeats=1, prefix_len=8, budgets=(1, 4), **kw)
+
+    monkeypatch.setattr(at, "auto_tree", spy)
+    out = tmp_path / "auto"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "4",
+               "--methods", "ar,medusa", "--batch-size", "1,2", "--out", str(out)])
+    assert rc == 0 and sorted(sized) == [1, 2]
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert set(meta["tree_chosen_per_batch_size"]) == {"2"} and "medusa" in meta["tree_chosen_per_batch_size"]["2"]
