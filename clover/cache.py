@@ -126,6 +126,56 @@ def select_rows(cache, rows: list[int], length: int) -> None:
         layer.values = layer.values.index_select(0, idx)[..., :length, :]
 
 
+def stack_rows(caches, lengths: list[int], model_config) -> DynamicCache:
+    """One cache of B rows from B single-row caches (in the batch layout of
+    ``clover.engine``): row b's ``lengths[b]`` positions at columns ``[0, L_b)``, zeros
+    after them up to the longest row (masked by the caller).
+
+    Args:
+        caches: B DynamicCaches of one row each, cache b holding ``lengths[b]`` positions.
+        model_config: the transformers config of the model the caches belong to.
+    Raises:
+        TypeError: for sliding-window or other non-dynamic layers.
+    """
+    stacked = new_cache(model_config)
+    width = max(lengths)
+    if width == 0:
+        return stacked
+    for i, layer in enumerate(_layers(stacked)):
+        rows = [_layers(c)[i] for c in caches]
+        ref = next(r for r, n in zip(rows, lengths) if n)
+        shape = (len(rows), ref.keys.shape[1], width, ref.keys.shape[-1])  # (B, H, P, hs)
+        keys, values = ref.keys.new_zeros(shape), ref.values.new_zeros(shape)
+        for b, (row, n) in enumerate(zip(rows, lengths)):
+            if n:
+                keys[b, :, :n] = row.keys[0, :, :n]
+                values[b, :, :n] = row.values[0, :, :n]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return stacked
+
+
+def unstack_rows(stacked, caches, lengths: list[int], prefix_len: int, counts: list[int]) -> None:
+    """Give each single-row cache its own positions back from a cache made by
+    :func:`stack_rows` (``prefix_len`` columns) to which new positions were appended: row
+    b keeps its first ``lengths[b]`` columns and its ``counts[b]`` new ones (columns
+    ``prefix_len .. prefix_len + counts[b] - 1``), in place.
+
+    Raises:
+        TypeError: for sliding-window or other non-dynamic layers.
+    """
+    for i, layer in enumerate(_layers(stacked)):
+        for b, cache in enumerate(caches):
+            n, m = lengths[b], counts[b]
+            keys = torch.cat([layer.keys[b:b + 1, :, :n], layer.keys[b:b + 1, :, prefix_len:prefix_len + m]], dim=-2)
+            values = torch.cat([layer.values[b:b + 1, :, :n],
+                                layer.values[b:b + 1, :, prefix_len:prefix_len + m]], dim=-2)
+            row = _layers(cache)[i]
+            if not row.is_initialized:
+                row.lazy_initialization(keys, values)
+            row.keys, row.values = keys, values
+
+
 class BufferedLayer(DynamicLayer):
     """A KV-cache layer that appends into preallocated storage instead of concatenating.
 

@@ -39,7 +39,10 @@ layout, and why it is exact:
 * Draft: per row, from its own drafter; rows whose drafters can draft together
   (``draft_many``: Medusa makes one heads call over every row's hidden state, Clover and
   Clover-2 grow the rows' trees in lock step, one head step per depth) do so
-  (:func:`clover.heads.base.draft_rows`).
+  (:func:`clover.heads.base.draft_rows`). Likewise each row's drafter observes its
+  accepted states, and rows that can observe together (``observe_many``: Clover runs its
+  Augmenting Block once over every row's new positions) do so
+  (:func:`clover.heads.base.observe_rows`).
 * Accept: per row, on that row's own N_b logits.
 * Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
   (:func:`clover.cache.compact_rows`): every row stays contiguous from column 0, and the
@@ -65,11 +68,12 @@ import torch
 from clover.acceptance import Acceptance, SamplingConfig, accept, logits_to_probs
 from clover.cache import cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter
-from clover.heads.base import Drafter, draft_rows
+from clover.heads.base import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
 from clover.trace import GenerationResult, StepTrace, TreeNode
-from clover.tree import Tree, TreeConfig, ancestor_matrix, position_ids, tree_mask
+from clover.tree import (Tree, TreeConfig, batch_position_ids, batch_tree_mask, position_ids,
+                         tree_mask)
 
 
 class Engine:
@@ -241,27 +245,17 @@ def verify_inputs(trees: Sequence[Tree], lengths: Sequence[int], prefix_len: int
         raise ValueError(f"{len(trees)} trees but {len(lengths)} row lengths")
     if any(n > prefix_len for n in lengths):
         raise ValueError(f"row lengths {list(lengths)} exceed the cache's {prefix_len} positions")
-    b, n = len(trees), max(len(t) for t in trees)
-    if b == 1 and lengths[0] == prefix_len:  # one row has no padding: the single-prompt case
+    n = max(len(t) for t in trees)
+    if len(trees) == 1 and lengths[0] == prefix_len:  # one row has no padding: the single-prompt case
         tree = trees[0]
         mask = tree_mask(tree.parents, prefix_len, dtype, device) if n > 1 else None
         return tree.tokens[None].to(device), position_ids(tree.depths, prefix_len, device), mask
     tokens = [tree.tokens.tolist() for tree in trees]
     ids = torch.tensor([t + t[:1] * (n - len(t)) for t in tokens], device=device)  # (B, N)
-    positions = torch.tensor([[L + d for d in tree.depths] + [L] * (n - len(tree))
-                              for L, tree in zip(lengths, trees)], device=device)  # (B, N)
+    positions = batch_position_ids([tree.depths for tree in trees], lengths, device)  # (B, N)
     if n == 1 and all(L == prefix_len for L in lengths):
         return ids, positions, None
-    anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
-    for row, tree in enumerate(trees):
-        if len(tree) > 1:
-            anc[row, :len(tree), :len(tree)] = ancestor_matrix(tree.parents)
-    real = torch.arange(n)[None, :] < torch.tensor([len(t) for t in trees])[:, None]  # (B, N)
-    committed = torch.arange(prefix_len)[None, :] < torch.tensor(lengths)[:, None]  # (B, P)
-    allowed = torch.cat([real[:, :, None] & committed[:, None, :], anc], dim=-1)  # (B, N, P+N)
-    mask = torch.zeros((b, 1, n, prefix_len + n), dtype=dtype, device=device)
-    mask.masked_fill_(~allowed[:, None].to(device), torch.finfo(dtype).min)
-    return ids, positions, mask
+    return ids, positions, batch_tree_mask([tree.parents for tree in trees], lengths, prefix_len, dtype, device)
 
 
 def prefill_inputs(prompts: Sequence[Sequence[int]], dtype: torch.dtype,
@@ -367,8 +361,9 @@ class BatchRun:
         out = target.forward_batch(ids, positions, mask, cache, last_only=True)
         for b, r in enumerate(rows):
             r.length = len(tokens[b])
-            if tokens[b]:
-                r.drafter.observe(out.hidden_pre[b, :r.length], out.hidden_post[b, :r.length], tokens[b])
+        seen = [b for b, r in enumerate(rows) if r.length]
+        observe_rows([rows[b].drafter for b in seen], [out.hidden_pre[b, :rows[b].length] for b in seen],
+                     [out.hidden_post[b, :rows[b].length] for b in seen], [tokens[b] for b in seen])
 
     def __iter__(self) -> Iterator[list[StepTrace]]:
         target, sampling = self.engine.target, self.sampling
@@ -412,10 +407,11 @@ class BatchRun:
                           torch.tensor([i for path in paths for i in path], device=target.device))
                     sizes = [len(path) for path in paths]
                     pre, post = out.hidden_pre[at].split(sizes), out.hidden_post[at].split(sizes)
-                for j, b in enumerate(keep):
-                    r, tokens = active[b], trees[b].tokens.tolist()
-                    r.drafter.observe(pre[j], post[j], [tokens[i] for i in paths[j]])
-                    r.root, r.length = accs[b].bonus_token, lengths[b]
+                    tokens = [trees[b].tokens.tolist() for b in keep]
+                    observe_rows([active[b].drafter for b in keep], pre, post,
+                                 [[toks[i] for i in path] for toks, path in zip(tokens, paths)])
+                for b in keep:
+                    active[b].root, active[b].length = accs[b].bonus_token, lengths[b]
                 self._sync()
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3

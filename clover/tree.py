@@ -284,6 +284,45 @@ def position_ids(depths: list[int], prefix_len: int, device) -> torch.Tensor:
     return (torch.tensor(depths, device=device) + prefix_len).unsqueeze(0)
 
 
+def batch_tree_mask(parents: Sequence[list[int]], lengths: Sequence[int], prefix_len: int,
+                    dtype: torch.dtype, device) -> torch.Tensor:
+    """:func:`tree_mask` for B rows' trees over a right-padded KV cache (batched
+    decoding, ``clover.engine``): row b holds ``lengths[b]`` committed positions, cache
+    columns ``[0, L_b)``, of the cache's ``prefix_len`` (P); its trees are padded to
+    N = max N_b nodes.
+
+    Returns:
+        (B, 1, N, P + N) tensor of ``dtype``: 0 where row b's node i may attend (the
+        row's committed columns, its ancestors, itself), ``finfo(dtype).min`` elsewhere; a
+        padding node attends only to itself and nothing attends to it.
+    Raises:
+        ValueError: when the lists differ in length or a row claims more than P positions.
+    """
+    if len(parents) != len(lengths):
+        raise ValueError(f"{len(parents)} trees but {len(lengths)} row lengths")
+    if any(n > prefix_len for n in lengths):
+        raise ValueError(f"row lengths {list(lengths)} exceed the cache's {prefix_len} positions")
+    b, n = len(parents), max(len(p) for p in parents)
+    anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
+    for row, par in enumerate(parents):
+        if len(par) > 1:
+            anc[row, :len(par), :len(par)] = ancestor_matrix(list(par))
+    real = torch.arange(n)[None, :] < torch.tensor([len(p) for p in parents])[:, None]  # (B, N)
+    committed = torch.arange(prefix_len)[None, :] < torch.tensor(list(lengths))[:, None]  # (B, P)
+    allowed = torch.cat([real[:, :, None] & committed[:, None, :], anc], dim=-1)  # (B, N, P+N)
+    mask = torch.zeros((b, 1, n, prefix_len + n), dtype=dtype, device=device)
+    mask.masked_fill_(~allowed[:, None].to(device), torch.finfo(dtype).min)
+    return mask
+
+
+def batch_position_ids(depths: Sequence[list[int]], lengths: Sequence[int], device) -> torch.Tensor:
+    """(B, N) long position ids of B rows' trees padded to N = max N_b nodes: row b's node
+    at ``depth`` sits at ``lengths[b] + depth`` (padding nodes at ``lengths[b]``)."""
+    n = max(len(d) for d in depths)
+    return torch.tensor([[L + d for d in ds] + [L] * (n - len(ds)) for L, ds in zip(lengths, depths)],
+                        device=device)
+
+
 def _top(dist: torch.Tensor, k: int, vocab: torch.Tensor | None):
     """Top-k probabilities and token ids per row, as Python lists (one host sync)."""
     top_p, top_i = dist.topk(k, dim=-1)

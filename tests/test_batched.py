@@ -356,8 +356,45 @@ def test_recurrent_rows_grow_their_trees_together(kind):
         del heads.step
     assert len(calls) <= 3 * len(steps)  # at most one step per depth, whatever the rows
     assert max(calls) > 3  # steps served several rows' nodes at once
+    if kind == "clover":  # the rows' Augmenting Blocks ran together: one forward a step
+        blocks = []
+        hook = heads.augment.register_forward_hook(lambda m, a, k, out: blocks.append(1), with_kwargs=True)
+        try:
+            steps = list(engine.stream_batch(prompts, 10))
+        finally:
+            hook.remove()
+        assert len(blocks) <= len(steps) + 1  # + the prefill's
     for prompt, out in zip(prompts, run.results):
         alone = engine.generate(prompt, 10)
         assert out.token_ids == alone.token_ids
         assert [[(n.token_id, n.parent) for n in s.nodes] for s in out.steps] == \
             [[(n.token_id, n.parent) for n in s.nodes] for s in alone.steps]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_augmenting_block_rows_run_together(arch):
+    """One Augmenting Block forward over rows of different cache lengths (0 included)
+    gives each row the outputs and the cache it gets alone."""
+    from transformers import DynamicCache
+
+    from clover.heads.clover import run_augmenting_block, run_augmenting_rows
+
+    target = tiny_target(arch)
+    block = perturb(new_heads("clover", target), 0.2).augment
+    g = torch.Generator().manual_seed(0)
+    past = [torch.randn(n, target.hidden_size, generator=g) for n in (4, 0, 7)]
+    new = [torch.randn(n, target.hidden_size, generator=g) for n in (2, 3, 1)]
+    alone = [DynamicCache(config=block.config) for _ in past]
+    together = [DynamicCache(config=block.config) for _ in past]
+    for a, t, h in zip(alone, together, past):
+        if len(h):
+            run_augmenting_block(block, h[None], a, 0)
+            run_augmenting_block(block, h[None], t, 0)
+    want = [run_augmenting_block(block, h[None], a, len(p))[0] for a, h, p in zip(alone, new, past)]
+    got = run_augmenting_rows(block, new, together, [len(p) for p in past])
+    for w, o, a, t in zip(want, got, alone, together):
+        assert o.shape == w.shape and torch.allclose(o, w, atol=1e-5)
+        for la, lt in zip(a.layers, t.layers):
+            assert la.keys.shape == lt.keys.shape and torch.allclose(la.keys, lt.keys, atol=1e-5)
+            assert torch.allclose(la.values, lt.values, atol=1e-5)

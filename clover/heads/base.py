@@ -12,9 +12,10 @@ The engine owns everything else (verification, acceptance, KV cache), so every m
 compared on identical machinery. Plain decoding is :class:`PlainDrafter`: the empty tree.
 
 A batched run (``clover.engine``) keeps one drafter per row. A drafter class may also offer
-``draft_many(drafters, roots, max_depths)`` (a static method: the trees of several rows'
-drafters of that class sharing one set of heads, e.g. one heads call over all rows);
-:func:`draft_rows` uses it where it can.
+``draft_many(drafters, roots, max_depths)`` and ``observe_many(drafters, hidden_pre,
+hidden_post, tokens)`` (static methods over several rows' drafters of that class sharing
+one set of heads, the arguments one per row: e.g. one heads call over all rows);
+:func:`draft_rows` and :func:`observe_rows` use them where they can.
 """
 from __future__ import annotations
 
@@ -179,6 +180,36 @@ class Drafter(Protocol):
         """The candidate tree rooted at ``root_token``, at most ``max_depth`` deep."""
 
 
+def _groups(drafters: Sequence[Drafter], method: str) -> list[list[int]]:
+    """Row indices of drafters that can be served together by their class's ``method``
+    (same class, same heads); every other row alone."""
+    groups: dict[tuple, list[int]] = {}
+    for i, d in enumerate(drafters):
+        key = ((type(d), id(getattr(d, "heads", None))) if hasattr(type(d), method) else ("own", i))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def observe_rows(drafters: Sequence[Drafter], hidden_pre: Sequence[torch.Tensor],
+                 hidden_post: Sequence[torch.Tensor], tokens: Sequence[Sequence[int]]) -> None:
+    """Each row's ``observe`` for one step of a batch (the arguments one per row: (T_b, D)
+    states and T_b token ids); rows whose drafters' class offers ``observe_many`` and share
+    the same heads observe together.
+
+    Raises:
+        ValueError: when the lists differ in length.
+    """
+    if not len(drafters) == len(hidden_pre) == len(hidden_post) == len(tokens):
+        raise ValueError("observe_rows needs one drafter, state pair and token list per row")
+    for rows in _groups(drafters, "observe_many"):
+        if len(rows) == 1:
+            i = rows[0]
+            drafters[i].observe(hidden_pre[i], hidden_post[i], tokens[i])
+        else:
+            type(drafters[rows[0]]).observe_many([drafters[i] for i in rows], [hidden_pre[i] for i in rows],
+                                                 [hidden_post[i] for i in rows], [tokens[i] for i in rows])
+
+
 def draft_rows(drafters: Sequence[Drafter], roots: Sequence[int], max_depths: Sequence[int]) -> list[Tree]:
     """Each row's candidate tree for one step of a batch, row b's from ``drafters[b]``.
 
@@ -191,13 +222,8 @@ def draft_rows(drafters: Sequence[Drafter], roots: Sequence[int], max_depths: Se
     """
     if not len(drafters) == len(roots) == len(max_depths):
         raise ValueError(f"{len(drafters)} drafters, {len(roots)} roots and {len(max_depths)} depths")
-    groups: dict[tuple, list[int]] = {}
-    for i, d in enumerate(drafters):
-        key = ((type(d), id(getattr(d, "heads", None))) if hasattr(type(d), "draft_many")
-               else ("own", i))
-        groups.setdefault(key, []).append(i)
     trees: list[Tree | None] = [None] * len(drafters)
-    for rows in groups.values():
+    for rows in _groups(drafters, "draft_many"):
         if len(rows) == 1:
             trees[rows[0]] = drafters[rows[0]].draft(roots[rows[0]], max_depths[rows[0]])
             continue

@@ -86,6 +86,37 @@ def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: i
     return out.last_hidden_state
 
 
+def run_augmenting_rows(block: nn.Module, hidden: list[torch.Tensor], caches: list,
+                        lengths: list[int]) -> list[torch.Tensor]:
+    """:func:`run_augmenting_block` for the rows of a batch in one forward, each row with
+    its own cache: the caches are stacked right padded (``clover.cache.stack_rows``), every
+    row's new positions run together under a mask that keeps the rows apart (the layout
+    of ``clover.engine``), and each cache gets back exactly its own positions.
+
+    Args:
+        hidden: per row, (T_b, D) its input at positions ``lengths[b] .. lengths[b] + T_b - 1``.
+        caches: per row, the block's own single-row DynamicCache (``lengths[b]`` positions).
+        lengths: L_b, the positions each row's cache holds.
+    Returns:
+        per row, (T_b, D) the last layer's output at its new positions.
+    """
+    from clover.cache import stack_rows, unstack_rows
+    from clover.tree import batch_position_ids, batch_tree_mask
+
+    counts = [h.shape[0] for h in hidden]
+    width, t = max(lengths), max(counts)
+    x = hidden[0].new_zeros((len(hidden), t, hidden[0].shape[-1]))  # (B, T, D), right padded
+    for b, h in enumerate(hidden):
+        x[b, :counts[b]] = h
+    chains = [list(range(-1, m - 1)) for m in counts]  # each row's new positions: a chain
+    pos = batch_position_ids([list(range(m)) for m in counts], lengths, x.device)
+    mask = batch_tree_mask(chains, lengths, width, x.dtype, x.device)
+    stacked = stack_rows(caches, lengths, block.config)
+    out = block(inputs_embeds=x, position_ids=pos, attention_mask=mask, cache=stacked, use_cache=True)
+    unstack_rows(stacked, caches, lengths, width, counts)
+    return [out.last_hidden_state[b, :m] for b, m in enumerate(counts)]
+
+
 def copy_last_layer(block: nn.Module, target) -> None:
     """Initialise every layer of an Augmenting Block as a copy of the target's last
     decoder layer (Clover §3.3)."""
@@ -259,6 +290,19 @@ class CloverDrafter:
         if self.h0 is None:
             return root_only(root_token)
         return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.h0, max_depth)
+
+    @staticmethod
+    def observe_many(drafters: list["CloverDrafter"], hidden_pre: list[torch.Tensor],
+                     hidden_post: list[torch.Tensor], tokens: list) -> None:
+        """:meth:`observe` for several rows of a batch sharing one set of heads: one
+        Augmenting Block forward over every row's new positions
+        (:func:`run_augmenting_rows`), each row's block cache then holding exactly its own."""
+        first = drafters[0]
+        outs = run_augmenting_rows(first.heads.augment, list(hidden_pre), [d.cache for d in drafters],
+                                   [d.length for d in drafters])
+        for d, h, out in zip(drafters, hidden_pre, outs):
+            d.length += h.shape[0]
+            d.h0 = out[-1]
 
     @staticmethod
     def draft_many(drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
