@@ -340,8 +340,9 @@ def test_medusa_rows_draft_together():
 
 @pytest.mark.parametrize("kind", ["clover", "clover2"])
 def test_recurrent_rows_grow_their_trees_together(kind):
-    """Clover and Clover-2 grow a batch's trees in lock step: one head step per depth for
-    all rows, and each row's trees are the ones it grows alone."""
+    """Clover and Clover-2 grow a batch's trees in lock step (one head step per depth for
+    all rows) and run their Augmenting Blocks once per step for all rows; each row's trees
+    are the ones it grows alone."""
     target = tiny_target("qwen2")
     heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
     engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
@@ -356,14 +357,14 @@ def test_recurrent_rows_grow_their_trees_together(kind):
         del heads.step
     assert len(calls) <= 3 * len(steps)  # at most one step per depth, whatever the rows
     assert max(calls) > 3  # steps served several rows' nodes at once
-    if kind == "clover":  # the rows' Augmenting Blocks ran together: one forward a step
-        blocks = []
-        hook = heads.augment.register_forward_hook(lambda m, a, k, out: blocks.append(1), with_kwargs=True)
-        try:
-            steps = list(engine.stream_batch(prompts, 10))
-        finally:
-            hook.remove()
-        assert len(blocks) <= len(steps) + 1  # + the prefill's
+    # the rows' Augmenting Blocks ran together: one forward a step
+    blocks = []
+    hook = heads.augment.register_forward_hook(lambda m, a, k, out: blocks.append(1), with_kwargs=True)
+    try:
+        steps = list(engine.stream_batch(prompts, 10))
+    finally:
+        hook.remove()
+    assert len(blocks) <= len(steps) + 1  # + the prefill's (Clover)
     for prompt, out in zip(prompts, run.results):
         alone = engine.generate(prompt, 10)
         assert out.token_ids == alone.token_ids

@@ -34,7 +34,7 @@ from torch import nn
 
 from clover.heads.base import DraftHeads, HeadConfig, grow_recurrent_tree, grow_recurrent_trees
 from clover.heads.clover import (AttentionDecoder, build_augmenting_block, copy_last_layer,
-                                 run_augmenting_block)
+                                 run_augmenting_block, run_augmenting_rows)
 from clover.tree import Tree, TreeConfig, root_only
 
 
@@ -211,11 +211,30 @@ class Clover2Drafter:
         return self.z is not None  # None: a one-token prompt, nothing verified yet
 
     @staticmethod
+    def _context_many(drafters: list["Clover2Drafter"], roots: list[int]) -> None:
+        """What :meth:`_ready` does for each of several rows with waiting positions, in one
+        Attention Decoder call over all their positions and one Augmenting Block forward
+        (:func:`clover.heads.clover.run_augmenting_rows`)."""
+        heads, target = drafters[0].heads, drafters[0].target
+        sizes = [d.waiting.shape[0] for d in drafters]
+        nxt = torch.tensor([t for d, root in zip(drafters, roots) for t in d.next_tokens + [root]],
+                           device=drafters[0].waiting.device)
+        u = heads.decoder(torch.cat([d.waiting for d in drafters]), heads.token_embedding(nxt, target))
+        outs = run_augmenting_rows(heads.augment, list(u.split(sizes)), [d.cache for d in drafters],
+                                   [d.length for d in drafters])
+        for d, n, out in zip(drafters, sizes, outs):
+            d.length += n
+            d.z, d.waiting, d.next_tokens = heads.augment_norm(out[-1]), None, []
+
+    @staticmethod
     def draft_many(drafters: list["Clover2Drafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
-        """:meth:`draft` for several rows of a batch sharing one set of heads: each row's
-        block runs over its own waiting positions, then the trees grow together, one
-        ``step`` per depth over every row's nodes
+        """:meth:`draft` for several rows of a batch sharing one set of heads: the rows'
+        blocks run together over their waiting positions (:meth:`_context_many`), then the
+        trees grow together, one ``step`` per depth over every row's nodes
         (:func:`clover.heads.base.grow_recurrent_trees`)."""
+        waiting = [i for i, d in enumerate(drafters) if max_depths[i] > 0 and d.waiting is not None]
+        if len(waiting) > 1:  # their blocks run together; _ready then finds nothing waiting
+            Clover2Drafter._context_many([drafters[i] for i in waiting], [roots[i] for i in waiting])
         ready = [i for i, d in enumerate(drafters) if d._ready(roots[i], max_depths[i])]
         trees = [root_only(r) for r in roots]
         if ready:
