@@ -116,7 +116,12 @@ def compact_rows(cache, lengths: list[int], prefix_len: int, paths: list[list[in
 
 def select_rows(cache, rows: list[int], length: int) -> None:
     """Keep batch ``rows`` of every layer (in that order) and their first ``length``
-    positions (in place): finished rows leave a batched run."""
+    positions (in place): finished rows leave a batched run. Each layer's (B, H, T, hs)
+    keys and values become (len(rows), H, min(T, length), hs).
+
+    Raises:
+        TypeError: for sliding-window or other non-dynamic layers.
+    """
     layers = _layers(cache)
     if cache.get_seq_length() == 0:
         return
