@@ -137,7 +137,11 @@ def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
         tree: the verified tree.
         logits: (N, V) target logits, row i = next-token logits after node i.
     """
-    best = logits.argmax(dim=-1).tolist()  # one host sync
+    return greedy_walk(tree, logits.argmax(dim=-1).tolist())  # one host sync
+
+
+def greedy_walk(tree: Tree, best: list[int]) -> Acceptance:
+    """:func:`accept_greedy` given the target's argmax token after each node (N ints)."""
     kids = tree.children()
     tokens = tree.tokens.tolist()
     path = [0]
@@ -206,6 +210,24 @@ def accept_typical(
         return (max(ok)[1], None) if ok else (None, sample(p, generator))
 
     return _walk(tree, logits, cfg, choose)
+
+
+def accept_rows(trees: list[Tree], logits: torch.Tensor, cfg: SamplingConfig,
+                generators: list[torch.Generator | None]) -> list[Acceptance]:
+    """:func:`accept` for every row of a batch: row b's tree on its first N_b logits, with
+    its own generator. Greedy acceptance takes every row's argmax in one host sync.
+
+    Args:
+        logits: (B, N, V), trees padded to N nodes.
+    Raises:
+        ValueError: when the trees, logits rows and generators differ in number.
+    """
+    if not len(trees) == logits.shape[0] == len(generators):
+        raise ValueError(f"{len(trees)} trees, {logits.shape[0]} logits rows and {len(generators)} generators")
+    if cfg.rule == "greedy":
+        best = logits.argmax(dim=-1).tolist()  # (B, N), one host sync
+        return [greedy_walk(tree, row[:len(tree)]) for tree, row in zip(trees, best)]
+    return [accept(tree, logits[b, :len(tree)], cfg, g) for b, (tree, g) in enumerate(zip(trees, generators))]
 
 
 def accept(

@@ -65,7 +65,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from clover.acceptance import Acceptance, SamplingConfig, accept, logits_to_probs
+from clover.acceptance import Acceptance, SamplingConfig, accept_rows, logits_to_probs
 from clover.cache import cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter
 from clover.heads.base import Drafter, draft_rows, observe_rows
@@ -391,9 +391,7 @@ class BatchRun:
                 ids, positions, mask = verify_inputs(trees, [r.length for r in active], prefix,
                                                      target.dtype, target.device)
                 out = target.forward_batch(ids, positions, mask, cache)
-                logits = [out.logits[b, :len(tree)] for b, tree in enumerate(trees)]  # (N_b, V) each
-                accs = [accept(tree, lg, sampling, r.generator)
-                        for r, tree, lg in zip(active, trees, logits)]
+                accs = accept_rows(trees, out.logits, sampling, [r.generator for r in active])
                 lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
                 commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]  # kept
                 keep = [b for b, r in enumerate(active) if r.stop_reason is None]
@@ -416,8 +414,8 @@ class BatchRun:
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
                 verify_ms = (t_update - t_verify) * 1e3
-                traces = [self._trace(r, tree, lg, acc, kept, draft_ms, verify_ms)
-                          for r, tree, lg, acc, kept in zip(active, trees, logits, accs, commits)]
+                traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, draft_ms, verify_ms)
+                          for b, (r, tree, acc, kept) in enumerate(zip(active, trees, accs, commits))]
             yield traces
             active = [active[b] for b in keep]
 

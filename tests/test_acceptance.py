@@ -126,3 +126,24 @@ def test_typical_acceptance_is_labelled_lossy():
     assert not SamplingConfig(temperature=1.0, acceptance="typical").lossless
     assert SamplingConfig(temperature=1.0).lossless and SamplingConfig().lossless
     assert SamplingConfig().rule == "greedy" and SamplingConfig(temperature=0.5).rule == "sample"
+
+
+def test_accept_rows_per_row_of_a_padded_batch():
+    """Batched acceptance: row b's tree on its own first N_b logits (padding ignored), its
+    own generator; greedy takes all rows' argmax at once."""
+    from clover.acceptance import accept_rows
+
+    trees = [small_tree(), Tree(torch.tensor([4, 2]), [-1, 0], [0, 1], [1.0, 0.9])]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, V, generator=g)
+    logits[1, 2:] = 100.0  # padding nodes of row 1: must not matter
+    got = accept_rows(trees, logits, SamplingConfig(), [None, None])
+    want = [accept_greedy(trees[0], logits[0]), accept_greedy(trees[1], logits[1, :2])]
+    assert [(a.path, a.bonus_token) for a in got] == [(a.path, a.bonus_token) for a in want]
+    cfg = SamplingConfig(temperature=1.0)
+    got = accept_rows(trees, logits, cfg, [torch.Generator().manual_seed(s) for s in (1, 2)])
+    want = [accept_sample(t, logits[b, :len(t)], cfg, torch.Generator().manual_seed(s))
+            for b, (t, s) in enumerate(zip(trees, (1, 2)))]
+    assert [(a.path, a.bonus_token) for a in got] == [(a.path, a.bonus_token) for a in want]
+    with pytest.raises(ValueError, match="generators"):
+        accept_rows(trees, logits, cfg, [None])
