@@ -399,15 +399,8 @@ class BatchRun:
                     select_rows(cache, keep, max((lengths[b] for b in keep), default=0))
                 self._sync()
                 t_update = time.perf_counter()
-                if keep:  # the accepted paths' hidden states, (m_b, D) per row, in one gather
-                    paths = [accs[b].path for b in keep]
-                    at = (torch.tensor([b for b, path in zip(keep, paths) for _ in path], device=target.device),
-                          torch.tensor([i for path in paths for i in path], device=target.device))
-                    sizes = [len(path) for path in paths]
-                    pre, post = out.hidden_pre[at].split(sizes), out.hidden_post[at].split(sizes)
-                    tokens = [trees[b].tokens.tolist() for b in keep]
-                    observe_rows([active[b].drafter for b in keep], pre, post,
-                                 [[toks[i] for i in path] for toks, path in zip(tokens, paths)])
+                self._observe([active[b] for b in keep], [trees[b] for b in keep],
+                              [accs[b].path for b in keep], out, keep)
                 for b in keep:
                     active[b].root, active[b].length = accs[b].bonus_token, lengths[b]
                 self._sync()
@@ -425,6 +418,21 @@ class BatchRun:
             prefill_ms=prefill_ms, decode_s=r.decode_s, stop_reason=r.stop_reason,
             method=self.engine.method, seed=r.generator.initial_seed(),
         ) for r in rows]
+
+    def _observe(self, rows: list[_Row], trees: list[Tree], paths: list[list[int]], out,
+                 batch_rows: list[int]) -> None:
+        """Each row's drafter observes its accepted path: the verified hidden states, (m_b, D)
+        per row, gathered from the forward's (B, N, D) in one index (``batch_rows``: the
+        rows' places in that batch), and the path's token ids."""
+        if not rows:
+            return
+        device = self.engine.target.device
+        at = (torch.tensor([b for b, path in zip(batch_rows, paths) for _ in path], device=device),
+              torch.tensor([i for path in paths for i in path], device=device))
+        sizes = [len(path) for path in paths]
+        tokens = [tree.tokens.tolist() for tree in trees]
+        observe_rows([r.drafter for r in rows], out.hidden_pre[at].split(sizes), out.hidden_post[at].split(sizes),
+                     [[toks[i] for i in path] for toks, path in zip(tokens, paths)])
 
     def _commit(self, row: _Row, tree: Tree, acc: Acceptance) -> list[int]:
         """Commit the accepted drafts and the bonus token to ``row``, stopping where plain
