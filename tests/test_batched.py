@@ -399,3 +399,13 @@ def test_augmenting_block_rows_run_together(arch):
         for la, lt in zip(a.layers, t.layers):
             assert la.keys.shape == lt.keys.shape and torch.allclose(la.keys, lt.keys, atol=1e-5)
             assert torch.allclose(la.values, lt.values, atol=1e-5)
+
+
+def test_batch_of_one_token_prompts():
+    """No prefill at all (every prompt is its first root): rows still decode their own text."""
+    target = tiny_target("llama")
+    prompts = [[3], [4], [5]]
+    want = [Engine(target).generate(p, 8).token_ids for p in prompts]
+    clover = Engine(target, perturb(new_heads("clover", target), 0.2), parse_tree_spec("small"))
+    for engine in (Engine(target), clover):
+        assert [o.token_ids for o in engine.generate_batch(prompts, 8)] == want
