@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+# shellcheck disable=SC1091
+[ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
 THREADS="${THREADS:-2}"
 COMMON=(--max-new-tokens 256 --batch-size 64 --threads "$THREADS")
 

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+# shellcheck disable=SC1091
+[ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
 THREADS="${THREADS:-2}"
 while pgrep -f data_pipeline.sh >/dev/null; do sleep 30; done
 DATA=data/selfdistill-v2
