@@ -243,22 +243,24 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         cache = new_cache(target.config)
         out = target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
                                    None, cache, last_only=True)
-        drafters = [heads.drafter(target, big) for _ in range(batch_size)]
-        for b, drafter in enumerate(drafters):
-            drafter.observe(out.hidden_pre[b], out.hidden_post[b], ids[0].tolist())
+        def drafters_for(tree_cfg: TreeConfig) -> list:  # per row, having seen the prefix
+            drafters = [heads.drafter(target, tree_cfg) for _ in range(batch_size)]
+            for b, drafter in enumerate(drafters):
+                drafter.observe(out.hidden_pre[b], out.hidden_post[b], ids[0].tolist())
+            return drafters
 
         def verify(tree: Tree):
             return verify_once(target, cache, prefix_len, tree, batch_size)
-
-        def draft():
-            return draft_rows(drafters, [root] * batch_size, [depth] * batch_size)[0]
 
         root = int(ids[0, -1])
         plain_ms = median_ms(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
         draft_ms, verify_ms, nodes = [], [], []
         for b in budgets:
-            for drafter in drafters:
-                drafter.tree = replace(big, budget=b)
+            drafters = drafters_for(replace(big, budget=b))
+
+            def draft():
+                return draft_rows(drafters, [root] * batch_size, [depth] * batch_size)[0]
+
             tree = draft()
             nodes.append(len(tree) - 1)
             draft_ms.append(median_ms(draft, repeats))
