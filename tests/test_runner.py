@@ -1,5 +1,6 @@
-"""app.runner: settings validation, trees, chat transcripts, heads lookup, the pinned
-decoding thread, and runs of several methods one after another (tiny models)."""
+"""app.settings, app.registry and app.runner: settings validation, trees, chat
+transcripts, heads lookup, runs advanced from any thread, and runs of several methods
+one after another (tiny models)."""
 from __future__ import annotations
 
 import os
@@ -11,41 +12,42 @@ from pathlib import Path
 
 import pytest
 
-from app import runner
+from app import registry, runner
+from app import settings as app_settings
 from clover import Engine, TreeConfig
 from clover.heads import new_heads
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
 
 def test_tree_config_choices():
-    assert runner.tree_config("auto") == runner.auto_tree() == TreeConfig(auto=True)
-    assert runner.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, topk=3)
-    assert runner.tree_config("dynamic:budget=12,topk=4").budget == 12
-    assert runner.tree_config("small").kind == "static"
-    assert runner.tree_config("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
+    assert app_settings.tree_config("auto") == app_settings.auto_tree() == TreeConfig(auto=True)
+    assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, topk=3)
+    assert app_settings.tree_config("dynamic:budget=12,topk=4").budget == 12
+    assert app_settings.tree_config("small").kind == "static"
+    assert app_settings.tree_config("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
     for bad, words in (("banana", "not understood"), ("0", "from 1 to 256"),
                        ("2.5", "whole number"), ("[[1,0]]", "not understood")):
         with pytest.raises(ValueError, match=words):
-            runner.tree_config(bad)
+            app_settings.tree_config(bad)
 
 
 def test_parse_chat_transcripts():
-    assert runner.parse_chat("Hi there") == "Hi there"
-    chat = runner.parse_chat("User: Name a fruit.\nAssistant: Apple.\nUser: Another?\nOne word.")
+    assert app_settings.parse_chat("Hi there") == "Hi there"
+    chat = app_settings.parse_chat("User: Name a fruit.\nAssistant: Apple.\nUser: Another?\nOne word.")
     assert chat == [{"role": "user", "content": "Name a fruit."},
                     {"role": "assistant", "content": "Apple."},
                     {"role": "user", "content": "Another?\nOne word."}]
     with pytest.raises(ValueError, match="must end with a 'User:' turn"):
-        runner.parse_chat("User: hi\nAssistant: hello")
+        app_settings.parse_chat("User: hi\nAssistant: hello")
 
 
 def test_parse_settings_accepts_and_rejects():
-    s = runner.parse_settings("Hello", "clover", 0, 32.0, "auto", True, " ", "")
+    s = app_settings.parse_settings("Hello", "clover", 0, 32.0, "auto", True, " ", "")
     assert (s.method, s.max_new_tokens, s.model, s.heads) == ("clover", 32, None, None)
     assert s.sampling.temperature == 0 and s.tree == TreeConfig(auto=True)
     cases = [
         (("  ", "clover", 0, 8, "auto"), "the prompt is empty"),
-        (("x" * (runner.MAX_PROMPT_CHARS + 1), "clover", 0, 8, "auto"), "prompt is too long"),
+        (("x" * (app_settings.MAX_PROMPT_CHARS + 1), "clover", 0, 8, "auto"), "prompt is too long"),
         (("Hi", "turbo", 0, 8, "auto"), "unknown method 'turbo'"),
         (("Hi", "ar", -1, 8, "auto"), "temperature must be between 0 and 5"),
         (("Hi", "ar", "hot", 8, "auto"), "temperature must be a number"),
@@ -58,59 +60,58 @@ def test_parse_settings_accepts_and_rejects():
     ]
     for args, words in cases:
         with pytest.raises(ValueError, match=words):
-            runner.parse_settings(*args)
+            app_settings.parse_settings(*args)
 
 
-def test_pinned_iterator_runs_and_closes_in_one_thread():
-    seen = []
+def test_a_run_can_be_advanced_and_closed_from_any_thread():
+    """Gradio advances a handler's generator from whichever worker thread is free and
+    closes it from another. The engine holds no thread-local state across a yield
+    (inference mode is entered per step), so a run needs no thread of its own: each step
+    taken in a fresh thread gives the same run as one thread, and a close from another
+    thread ends it."""
+    target = tiny_target("llama", vocab_size=64)
+    loaded = registry.register_model("test-threads", target, warm_up=False)
+    try:
+        chosen = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "4", compare=False)
+        prompt = runner.encode(loaded, chosen)
+        alone = [e for e in runner.run_methods(loaded, chosen, prompt) if e.kind == "done"]
 
-    def gen():
-        try:
-            for i in range(100):
-                seen.append(threading.get_ident())
-                yield i
-        finally:
-            seen.append(("closed", threading.get_ident()))
+        def in_thread(fn):
+            out = []
+            t = threading.Thread(target=lambda: out.append(fn()))
+            t.start()
+            t.join()
+            return out[0]
 
-    it = runner.PinnedIterator(gen)
-    assert [next(it) for _ in range(3)] == [0, 1, 2]
-    results = []
-    t = threading.Thread(target=lambda: results.append(next(it)))  # another caller thread
-    t.start()
-    t.join()
-    assert results == [3]
-    it.close()
-    assert seen[-1][0] == "closed"
-    threads = {x for x in seen[:-1]} | {seen[-1][1]}
-    assert len(threads) == 1 and threading.get_ident() not in threads
-    with pytest.raises(StopIteration):
-        next(it)
-
-
-def test_pinned_iterator_passes_errors_and_ends():
-    def bad():
-        yield 1
-        raise ValueError("boom")
-
-    it = runner.PinnedIterator(bad)
-    assert next(it) == 1
-    with pytest.raises(ValueError, match="boom"):
-        next(it)
-    assert list(runner.PinnedIterator(lambda: iter([1, 2]))) == [1, 2]
+        events = runner.run_methods(loaded, chosen, prompt)
+        hopped = []
+        while True:
+            ev = in_thread(lambda: next(events, None))
+            if ev is None:
+                break
+            hopped.append(ev)
+        assert [e.kind for e in hopped].count("step") >= 2
+        assert hopped[-1].result.token_ids == alone[0].result.token_ids
+        events = runner.run_methods(loaded, chosen, prompt)
+        assert [next(events).kind, next(events).kind] == ["start", "step"]
+        in_thread(events.close)
+        assert next(events, None) is None
+    finally:
+        del registry._MODELS["test-threads"]
 
 
 def test_heads_folder_lookup(tmp_path):
     target = tiny_target("llama")
     new_heads("clover", target, num_heads=2).save_pretrained(tmp_path / "clover")
-    heads, sources = runner.load_heads_for(target, str(tmp_path))
+    heads, sources = registry.load_heads_for(target, str(tmp_path))
     assert sources["clover"] == f"loaded from {tmp_path / 'clover'}"
     assert heads["clover"].config.num_heads == 2
     assert sources["medusa"].startswith("untrained")
     with pytest.raises(ValueError, match="does not exist"):
-        runner.load_heads_for(target, str(tmp_path / "missing"))
+        registry.load_heads_for(target, str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no Medusa, Clover or Clover-2 heads"):
-        runner.load_heads_for(target, str(tmp_path / "empty"))
+        registry.load_heads_for(target, str(tmp_path / "empty"))
 
 
 def test_clover2_joins_only_with_its_heads(tmp_path):
@@ -118,9 +119,9 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
     refused with a message; a heads folder with clover2/ adds Clover-2 to the methods, the
     banner and the comparison, decoding exactly as plain."""
     target = tiny_target("llama", vocab_size=64)
-    plain_model = runner.register_model("test-no-clover2", target, warm_up=False)
-    assert "clover2" not in plain_model.heads and plain_model.methods == runner.METHODS
-    settings = runner.parse_settings("t5 t6 t7", "clover2", 0, 10, "4")
+    plain_model = registry.register_model("test-no-clover2", target, warm_up=False)
+    assert "clover2" not in plain_model.heads and plain_model.methods == registry.METHODS
+    settings = app_settings.parse_settings("t5 t6 t7", "clover2", 0, 10, "4")
     with pytest.raises(ValueError, match="no Clover-2 heads for tiny-llama"):
         list(runner.run_methods(plain_model, settings, [5, 6, 7]))
     with pytest.raises(ValueError, match="no Clover-2 heads"):
@@ -129,18 +130,18 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
 
     new_heads("clover", target, num_heads=2).save_pretrained(tmp_path / "both" / "clover")
     new_heads("clover2", target, num_heads=3).save_pretrained(tmp_path / "both" / "clover2")
-    heads, sources = runner.load_heads_for(target, str(tmp_path / "both"))
+    heads, sources = registry.load_heads_for(target, str(tmp_path / "both"))
     assert list(heads) == ["medusa", "clover", "clover2"]
     assert sources["clover2"] == f"loaded from {tmp_path / 'both' / 'clover2'}"
     assert sources["medusa"].startswith("untrained") and heads["clover2"].config.kind == "clover2"
     # a folder that holds Clover-2 heads alone is a heads folder too
     new_heads("clover2", target, num_heads=2).save_pretrained(tmp_path / "only")
-    heads, sources = runner.load_heads_for(target, str(tmp_path / "only"))
+    heads, sources = registry.load_heads_for(target, str(tmp_path / "only"))
     assert heads["clover2"].config.num_heads == 2 and sources["clover"].startswith("untrained")
 
-    loaded = runner.register_model("test-clover2", target, heads_dir=str(tmp_path / "both"),
+    loaded = registry.register_model("test-clover2", target, heads_dir=str(tmp_path / "both"),
                                    warm_up=False)
-    assert loaded.methods == (*runner.METHODS, "clover2")
+    assert loaded.methods == (*registry.METHODS, "clover2")
     assert "**Clover-2 heads:** loaded from" in loaded.notice()
     prompt = runner.encode(loaded, settings)
     ref = Engine(target).generate(prompt, 10)
@@ -149,7 +150,7 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
         ("ar", False), ("lookup", False), ("medusa", False), ("clover", False), ("clover2", True)]
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values()) and len(done) == 5
-    hybrid = runner.parse_settings("t5 t6 t7", "clover2+lookup", 0, 10, "4", compare=False)
+    hybrid = app_settings.parse_settings("t5 t6 t7", "clover2+lookup", 0, 10, "4", compare=False)
     assert hybrid.method == "clover2+lookup" and hybrid.lookup
     events = list(runner.run_methods(loaded, hybrid, prompt))
     assert [e.result.token_ids for e in events if e.kind == "done"] == [ref.token_ids]
@@ -157,10 +158,10 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
 
 def test_model_notice_says_untrained():
     target = tiny_target("llama")
-    loaded = runner.register_model("test-notice", target, warm_up=False)
+    loaded = registry.register_model("test-notice", target, warm_up=False)
     assert loaded.untrained == ["medusa", "clover"]
     assert "Untrained draft heads" in loaded.notice() and "tiny-llama" in loaded.notice()
-    given = runner.register_model("test-given", target, heads={"medusa": None, "clover": None},
+    given = registry.register_model("test-given", target, heads={"medusa": None, "clover": None},
                                   warm_up=False)
     assert given.untrained == [] and "Untrained" not in given.notice()
 
@@ -169,7 +170,7 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
     import clover.autotree
 
     target = tiny_target("llama", vocab_size=64)
-    loaded = runner.register_model("test-auto", target, warm_up=True)
+    loaded = registry.register_model("test-auto", target, warm_up=True)
     assert set(loaded.auto_trees) == {"medusa", "clover"}
     for tree in loaded.auto_trees.values():
         assert tree.kind == "dynamic" and not tree.auto and tree.budget >= 1
@@ -179,17 +180,17 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
         raise AssertionError("measured twice")
 
     monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
-    assert loaded.tree_for("clover", runner.tree_config("auto")) == loaded.auto_trees["clover"]
-    fixed = runner.tree_config("6")
+    assert loaded.tree_for("clover", app_settings.tree_config("auto")) == loaded.auto_trees["clover"]
+    fixed = app_settings.tree_config("6")
     assert loaded.tree_for("clover", fixed) == fixed
-    assert loaded.tree_for("ar", runner.tree_config("auto")).auto  # plain decoding has no tree
-    del runner._MODELS["test-auto"]
+    assert loaded.tree_for("ar", app_settings.tree_config("auto")).auto  # plain decoding has no tree
+    del registry._MODELS["test-auto"]
 
 
 def test_run_methods_one_after_another():
     target = tiny_target("llama", vocab_size=64)
-    settings = runner.parse_settings("t5 t6 t7", "clover", 0, 12, "auto")
-    loaded = runner.register_model("test-runs", target, warm_up=True)
+    settings = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "auto")
+    loaded = registry.register_model("test-runs", target, warm_up=True)
     prompt = runner.encode(loaded, settings)
     ref = Engine(target).generate(prompt, 12)
     loaded.heads["clover"] = ScriptedHeads(target, oracle_tree_fn(prompt + ref.token_ids,
@@ -205,18 +206,18 @@ def test_run_methods_one_after_another():
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values())
     assert done["clover"].mean_accepted_length > 1.5
-    assert [e.method for e in runner.run_methods(loaded, runner.parse_settings(
+    assert [e.method for e in runner.run_methods(loaded, app_settings.parse_settings(
         "t5", "medusa", 0, 3, "auto", compare=False), prompt) if e.kind == "start"] == ["medusa"]
     # with the lookup branch, the head methods run as hybrids; lookup alone and plain stay
-    hybrid = runner.parse_settings("t5 t6 t7", "clover", 0, 12, "auto", lookup=True)
+    hybrid = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "auto", lookup=True)
     assert hybrid.method == "clover+lookup"
     events = list(runner.run_methods(loaded, hybrid, prompt))
     assert [e.method for e in events if e.kind == "start"] == ["ar", "lookup", "medusa+lookup",
                                                                "clover+lookup"]
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values())
-    assert runner.parse_settings("t5", "ar", 0, 3, "auto", lookup=True).method == "ar"
-    too_long = runner.parse_settings("t5 " * 300, "ar", 0, 8, "auto")
+    assert app_settings.parse_settings("t5", "ar", 0, 3, "auto", lookup=True).method == "ar"
+    too_long = app_settings.parse_settings("t5 " * 300, "ar", 0, 8, "auto")
     with pytest.raises(ValueError, match="context"):
         runner.encode(loaded, too_long)
 
@@ -236,10 +237,11 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
     '''))
     script = textwrap.dedent('''
         import spaces
-        from app import runner
+        from app import registry, runner
+        from app import settings as app_settings
         from conftest import tiny_target
-        loaded = runner.register_model("zero", tiny_target("llama"), warm_up=False)
-        settings = runner.parse_settings("t5 t6", "clover", 0, 4, "auto")
+        loaded = registry.register_model("zero", tiny_target("llama"), warm_up=False)
+        settings = app_settings.parse_settings("t5 t6", "clover", 0, 4, "auto")
         events = list(runner.run_methods(loaded, settings, runner.encode(loaded, settings)))
         assert spaces.calls == [("decode", 120)] * 4, spaces.calls
         assert sum(e.kind == "done" for e in events) == 4
@@ -270,11 +272,11 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     monkeypatch.setattr(clover.autotree, "auto_tree", slow)
     target = tiny_target("llama", vocab_size=64)
     heads = {"medusa": new_heads("medusa", target), "clover": new_heads("clover", target)}
-    loaded = runner.register_model("test-bg", target, heads=dict(heads), warm_up="background")
+    loaded = registry.register_model("test-bg", target, heads=dict(heads), warm_up="background")
     assert loaded.calibrating.is_set() and not loaded.auto_trees
     assert "being sized for this machine in the background" in loaded.notice()
-    default = loaded.tree_for("clover", runner.auto_tree())
-    assert not default.auto and default.budget == runner.auto_tree().budget
+    default = loaded.tree_for("clover", app_settings.auto_tree())
+    assert not default.auto and default.budget == app_settings.auto_tree().budget
     release.set()
     for _ in range(600):
         if not loaded.calibrating.is_set():
@@ -288,9 +290,9 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
         raise AssertionError("measured again despite the stored calibration")
 
     monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
-    again = runner.register_model("test-bg2", target, heads=dict(heads), warm_up="background")
+    again = registry.register_model("test-bg2", target, heads=dict(heads), warm_up="background")
     assert not again.calibrating.is_set() and again.auto_trees == loaded.auto_trees
-    other = runner.register_model("test-bg3", target, warm_up=False)  # other weights
+    other = registry.register_model("test-bg3", target, warm_up=False)  # other weights
     assert clover.autotree.stored_auto_tree(target, other.heads["clover"], measure=False) is None
     for key in ("test-bg", "test-bg2", "test-bg3"):
-        del runner._MODELS[key]
+        del registry._MODELS[key]

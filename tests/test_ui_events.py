@@ -6,8 +6,10 @@ import inspect
 
 import pytest
 
-from app import runner
-from app.ui import Visitor, build_demo
+from app import registry
+from app import settings as app_settings
+from app.decode_tab import Visitor
+from app.ui import build_demo
 from conftest import tiny_target
 
 
@@ -19,8 +21,8 @@ def handlers():
         if block_fn.fn is not None:
             fns[block_fn.fn.__name__] = block_fn.fn
     yield fns
-    for key in [k for k in runner._MODELS if k.startswith("app-")]:
-        del runner._MODELS[key]
+    for key in [k for k in registry._MODELS if k.startswith("app-")]:
+        del registry._MODELS[key]
 
 
 def test_no_handler_blocks_the_event_loop(handlers):
@@ -62,11 +64,11 @@ def test_each_run_has_its_own_seed_and_a_seed_reproduces(handlers):
     assert "seed **11**" in status and "temperature 1" in status
     assert text(11)[0] == a  # the same seed reproduces the run
     assert text(12)[0] != a  # another seed samples another text
-    seeds = {runner.parse_seed(None) for _ in range(5)}
+    seeds = {app_settings.parse_seed(None) for _ in range(5)}
     assert len(seeds) == 5  # empty: a fresh seed per run
     for bad in (-1, 2.5, "x", 2**31):
         with pytest.raises(ValueError, match="seed"):
-            runner.parse_seed(bad)
+            app_settings.parse_seed(bad)
 
 
 def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
@@ -99,7 +101,7 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
 
     target = tiny_target("llama")
     new_heads("clover2", target, num_heads=3).save_pretrained(tmp_path / "clover2")
-    before = set(runner._MODELS)
+    before = set(registry._MODELS)
     demo = build_demo(target=target, heads=str(tmp_path), warm_up=False)
     plain_demo = build_demo(target=target, warm_up=False)
     try:
@@ -116,5 +118,5 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
         assert {t.y[0] for t in race.data if t.type == "bar"} == {
             "Plain", "Lookup", "Medusa", "Clover", "Clover-2"}
     finally:
-        for key in set(runner._MODELS) - before:
-            del runner._MODELS[key]
+        for key in set(registry._MODELS) - before:
+            del registry._MODELS[key]

@@ -1,0 +1,443 @@
+"""The Decode tab: settings, Run and Stop, the live tree, text and metrics of the watched
+run, the step view the slider drives, and the per-depth bars, histogram and race after a
+run.
+
+Per-visitor data lives in ``gr.State`` (:class:`RunState`, :class:`Visitor`); the handlers
+are plain functions of their inputs (Gradio runs them in worker threads); only Run needs
+the app's model key, so it is a method of :class:`RunHandler`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from app import figures, runner
+from app.metrics import METHOD_NAMES, best_step, run_stats, speedup, token_origins
+from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model
+from app.settings import MAX_NEW_TOKENS, parse_settings
+from clover.assets import assets_dir
+from clover.methods import ALL_METHODS
+
+log = logging.getLogger(__name__)
+
+EXAMPLES_FILE = assets_dir() / "examples.json"
+REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster
+
+TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
+               "Page rendering is not counted. Speedups compare the methods at the same "
+               "number of tokens; the methods ran one after another on this machine, never "
+               "at the same time.")
+
+
+@dataclass
+class RunState:
+    """One visitor's latest run (kept in ``gr.State``).
+
+    Attributes:
+        method: the method watched step by step.
+        runs: per method, the step traces recorded so far.
+        results: per finished method, its GenerationResult.
+        greedy: whether the run was greedy (so all methods must give the same text).
+        stop: the visitor pressed Stop; the run ends after its current step.
+        seed / temperature: the run's sampling seed (shared by its methods) and temperature.
+        done: the run finished or was stopped (the step slider is live only then).
+    """
+
+    method: str
+    runs: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+    greedy: bool = True
+    stop: bool = False
+    done: bool = False
+    seed: int | None = None
+    temperature: float = 0.0
+
+
+@dataclass
+class Visitor:
+    """One browser session's Run and Stop presses (kept in ``gr.State``), so Stop also
+    cancels runs still waiting in the queue.
+
+    Attributes:
+        pressed: Run presses so far.
+        started: runs that left the queue so far (the n-th to start is the n-th press).
+        stopped: every press up to this count was stopped.
+    """
+
+    pressed: int = 0
+    started: int = 0
+    stopped: int = 0
+
+
+def load_examples() -> list[dict]:
+    """Example prompts, one or more per task kind: [{"kind", "prompt"}, ...]."""
+    return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))
+
+
+def _message(text: str) -> str:
+    return f"**⚠ {text[0].upper() + text[1:]}**" if text else ""
+
+
+def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None,
+             upto: int | None = None) -> str:
+    """The metrics panel for the watched run (or ``method``'s, over its first ``upto``
+    steps: the step view), with every measured run in a table."""
+    method = method or state.method
+    live = state.runs.get(method, [])[:upto]
+    table = []
+    for m in ALL_METHODS:
+        if state.runs.get(m):
+            done = ("done" if m in state.results else "stopped" if state.done or m != state.method
+                    else "running")
+            table.append((m, run_stats(state.runs[m]), done))
+    if "ar" not in state.runs and method != "ar":
+        note += " Turn on *Compare with the other methods* to measure the speedups."
+    vs_plain = speedup(live, state.runs.get("ar", []))
+    vs_medusa = speedup(live, state.runs.get("medusa+lookup") or state.runs.get("medusa", []))
+    return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note)
+
+
+def _browse_choices(state: RunState) -> list[tuple[str, str]]:
+    return [(METHOD_NAMES[m], m) for m in ALL_METHODS if state.runs.get(m)]
+
+
+def _summary(state: RunState, stopped: bool = False) -> str:
+    name = METHOD_NAMES[state.method]
+    live = state.runs.get(state.method, [])
+    if not live:
+        return "**■ Stopped** before the watched run started." if stopped else ""
+    s = run_stats(live)
+    head = "**■ Stopped.**" if stopped else "**✓ Done.**"
+    text = (f"{head} {name} wrote {s.tokens} tokens in {s.steps} steps "
+            f"({s.tokens_per_step:.2f} tokens/step, {s.tokens_per_second:.1f} tokens/s).")
+    finished = {m: r for m, r in state.results.items()}
+    if state.greedy and len(finished) > 1:
+        same = len({tuple(r.token_ids) for r in finished.values()}) == 1
+        text += (" All methods wrote exactly the same text, as greedy speculative decoding "
+                 "must." if same else " ⚠ The methods' texts differ.")
+    if not state.greedy:
+        text += (f" Sampled at temperature {state.temperature:g} with seed **{state.seed}**: "
+                 f"enter it as the seed to reproduce this run.")
+    return text
+
+
+def _after_run(state: RunState, stopped: bool = False) -> tuple:
+    """Status, slider, browse choice, tree, acceptance bars, histogram and race after a
+    run. The tree shown is the step with the longest accepted path."""
+    live = state.runs.get(state.method, [])
+    browse = state.method if live else next((m for m in ALL_METHODS if state.runs.get(m)), None)
+    steps = state.runs.get(browse, []) if browse else []
+    if not steps:
+        return ((_summary(state, stopped),) + (gr.skip(),) * 3
+                + (figures.acceptance_figure(state.runs), figures.accepted_length_figure(state.runs),
+                   figures.race_figure(state.runs)))
+    i = best_step(steps)
+    slider = gr.update(minimum=1, maximum=max(len(steps), 2), value=i + 1,
+                       interactive=len(steps) > 1)
+    choices = gr.update(choices=_browse_choices(state), value=browse)
+    status = _summary(state, stopped) + (f" The tree shows step {i + 1}, the longest accepted "
+                                         f"path; drag the slider to revisit any step.")
+    return (status, slider, choices, figures.tree_figure(steps[i], len(steps)),
+            figures.acceptance_figure(state.runs), figures.accepted_length_figure(state.runs),
+            figures.race_figure(state.runs))
+
+
+def method_choices(loaded: LoadedModel) -> list[tuple[str, str]]:
+    """The "Method to watch" choices (label, method): Clover, Medusa, prompt lookup and
+    plain decoding, with Clover-2 after Clover when the model has Clover-2 heads."""
+    extra = [(METHOD_NAMES[k], k) for k in loaded.head_kinds if k not in CORE_HEAD_KINDS]
+    return [("Clover", "clover"), *extra, ("Medusa", "medusa"), ("Prompt lookup", "lookup"),
+            ("Plain decoding", "ar")]
+
+
+# the outputs of a run, in order; a handler names the ones it changes (see _out)
+RUN_OUTPUTS = ("status", "banner", "metrics", "tree", "text", "plain", "slider", "browse",
+               "accept", "hist", "race", "state")
+
+
+def _out(**kw) -> tuple:
+    """The run outputs: the given ones, ``gr.skip()`` for the rest."""
+    return tuple(kw.get(n, gr.skip()) for n in RUN_OUTPUTS)
+
+
+def _fail(message: str) -> tuple:
+    gr.Warning(message[0].upper() + message[1:])
+    return _out(status=_message(message))
+
+
+def _finish(st: RunState, stopped: bool = False) -> tuple:
+    """The outputs once a run ended (or was stopped): the panels for after a run."""
+    st.done = True
+    live = st.runs.get(st.method, [])
+    if stopped and not any(st.runs.values()):
+        return _out(status="**■ Stopped** before the first step.", state=st)
+    summary, slider, choices, tree_fig, accept, hist, race = _after_run(st, stopped)
+    plain = (st.results[st.method].text if st.method in st.results
+             else "".join(t.text for t in token_origins(live)))
+    return _out(status=summary, slider=slider, browse=choices, tree=tree_fig,
+                accept=accept, hist=hist, race=race, metrics=_metrics(st), plain=plain,
+                state=st)
+
+
+class RunHandler:
+    """The Run button's handler for one app: runs decode on the model registered under
+    ``model_key`` unless the visitor names another model or heads folder."""
+
+    def __init__(self, model_key: str):
+        self.model_key = model_key
+
+    def on_run(self, prompt_text, method_value, temperature_value, max_new_value, tree_value,
+               compare_value, model_value, heads_value, seed_value=None,
+               lookup_value=False, visitor: Visitor | None = None):
+        """Validate the settings, then stream the runs (baselines first, the watched method
+        step by step), ending with the panels for after a run."""
+        if visitor is not None:
+            visitor.started += 1
+            if visitor.started <= visitor.stopped:  # Stop was pressed while it queued
+                yield _out(status="**■ Stopped** before it started.")
+                return
+        try:
+            settings = parse_settings(prompt_text, method_value, temperature_value,
+                                      max_new_value, tree_value, compare_value,
+                                      model_value, heads_value, seed_value, lookup_value)
+        except ValueError as e:
+            yield _fail(str(e))
+            return
+        st = RunState(settings.method, greedy=settings.sampling.temperature == 0,
+                      seed=settings.sampling.seed, temperature=settings.sampling.temperature)
+        if settings.model or settings.heads:
+            yield _out(status="Loading the model and heads…", state=st)
+        try:
+            chosen = get_model(settings.model, settings.heads, self.model_key)
+            chosen.check_method(settings.method)
+            prompt_ids = runner.encode(chosen, settings)
+        except ValueError as e:
+            st.done = True
+            yield _fail(str(e))
+            return
+        yield _out(status="Starting…", banner=chosen.notice(), metrics=_metrics(st),
+                   text=figures.tokens_html([]), plain="", state=st,
+                   slider=gr.update(value=1, maximum=2, interactive=False),
+                   accept=figures.empty_figure("Per-depth acceptance after a run"),
+                   hist=figures.empty_figure("Tokens per step after a run"),
+                   race=figures.empty_figure("The race appears after the run"))
+        order = runner.run_order(settings.method, settings.compare, settings.lookup,
+                                 chosen.methods)
+        try:
+            with closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
+                for ev in events:
+                    if st.stop:  # Stop was pressed: end here, after this step
+                        yield _finish(st, stopped=True)
+                        return
+                    yield _event_outputs(st, ev, order, settings.max_new_tokens)
+        except ValueError as e:
+            st.done = True
+            yield _fail(str(e))
+            return
+        except Exception as e:  # a message in the page, the traceback in the log
+            st.done = True
+            log.exception("decoding failed")
+            yield _fail(f"decoding failed: {type(e).__name__}: {e}")
+            return
+        yield _finish(st)
+
+
+def _event_outputs(st: RunState, ev: runner.RunEvent, order: list[str], max_new: int) -> tuple:
+    """Record one :class:`app.runner.RunEvent` in ``st`` and say what changed."""
+    name = METHOD_NAMES[ev.method]
+    k = order.index(ev.method) + 1
+    if ev.kind == "start":
+        st.runs[ev.method] = []
+        what = "watching it step by step" if ev.live else "measuring it for comparison"
+        return _out(status=f"Run {k} of {len(order)}: **{name}**, {what}…", state=st)
+    if ev.kind == "step":
+        steps = st.runs[ev.method]
+        steps.append(ev.step)
+        if ev.live:
+            return _out(status=f"Run {k} of {len(order)}: **{name}** · step {len(steps)} · "
+                               f"{ev.step.total_tokens} of {max_new} tokens",
+                        metrics=_metrics(st), tree=figures.tree_figure(ev.step),
+                        text=figures.tokens_html(steps), state=st)
+        return _out(status=f"Run {k} of {len(order)}: **{name}**, measuring it for "
+                           f"comparison… {ev.step.total_tokens} tokens", state=st)
+    st.results[ev.method] = ev.result
+    return _out(metrics=_metrics(st), state=st)
+
+
+def on_press(visitor: Visitor):
+    """Count a Run press at once (before the run waits in the queue)."""
+    visitor.pressed += 1
+
+
+def on_stop(st: RunState | None, visitor: Visitor):
+    """Ask the visitor's run to stop: it ends after its current step and draws the
+    results itself (so nothing it sends later can overwrite them); runs still
+    queued never start."""
+    visitor.stopped = max(visitor.stopped, visitor.pressed)
+    if st is not None and not st.done:
+        st.stop = True
+
+
+def step_view(st: RunState, method_value: str, i: int) -> tuple:
+    """Step ``i`` of a run as one picture: its tree, the text committed up to it
+    and the metrics so far."""
+    steps = st.runs[method_value]
+    return (figures.tree_figure(steps[i], len(steps)), figures.tokens_html(steps[: i + 1]),
+            _metrics(st, method=method_value, upto=i + 1))
+
+
+def on_browse(step_number, method_value, st: RunState | None):
+    """The step view of step ``step_number`` (1-based) of ``method_value``'s trace."""
+    if not st or not st.done or not st.runs.get(method_value):
+        return gr.skip(), gr.skip(), gr.skip()
+    steps = st.runs[method_value]
+    i = min(max(int(step_number or 1), 1), len(steps)) - 1
+    return step_view(st, method_value, i)
+
+
+def on_pick_trace(method_value, st: RunState | None):
+    """Show another method's trace: the slider spans its steps, the view its last step."""
+    if not st or not st.done or not st.runs.get(method_value):
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    steps = st.runs[method_value]
+    return (gr.update(minimum=1, maximum=max(len(steps), 2), value=len(steps),
+                      interactive=len(steps) > 1),) + step_view(st, method_value, len(steps) - 1)
+
+
+def on_replay(st: RunState | None):
+    """The race replayed in real time (faster when long). A plain generator, so
+    Gradio builds each frame in a worker thread and the event loop stays free for
+    other visitors' streams and Stop presses."""
+    if not st or not any(st.runs.values()):
+        yield figures.empty_figure("Run a prompt first")
+        return
+    runs = {m: list(s) for m, s in st.runs.items() if s}
+    end = figures.race_end_ms(runs)
+    speed = max(1.0, end / 1e3 / REPLAY_SECONDS)  # real time, or faster if long
+    start = time.monotonic()
+    while True:
+        t = (time.monotonic() - start) * speed * 1e3
+        yield figures.race_figure(runs, min(t, end))
+        if t >= end:
+            return
+        time.sleep(0.1)
+
+
+def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
+    """Lay out the Decode tab inside the current ``gr.Tab`` and wire its events.
+
+    Args:
+        loaded: the app's default model (its methods and name fill the settings).
+        model_key: its registry key (:func:`app.registry.register_model`).
+        banner: the page's model notice, updated when a run loads another model.
+    """
+    examples = load_examples()
+    state = gr.State(None, time_to_live=3600)  # a visitor's traces, freed after an hour
+    visitor = gr.State(Visitor())  # a copy per browser session
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=330):
+            prompt = gr.Textbox(
+                label="Prompt", lines=5, max_lines=14, elem_id="prompt",
+                placeholder="Ask something, or pick an example below. For a "
+                            "multi-turn chat write 'User: ...' / 'Assistant: ...' lines.")
+            with gr.Row():
+                run_btn = gr.Button("Run", variant="primary", elem_id="run-button")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-button")
+            method = gr.Radio(method_choices(loaded), value="clover",
+                              label="Method to watch", elem_id="method")
+            lookup = gr.Checkbox(
+                value=False, label="Add a prompt lookup branch to the heads' tree",
+                elem_id="lookup",
+                info="Medusa and Clover also draft what followed the last words "
+                     "earlier in the prompt or answer (no training), in the same "
+                     "tree, sized each step to what pays on this machine; "
+                     "ringed nodes came from lookup.")
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
+                                    info="0 = greedy; above 0 = lossless speculative "
+                                         "sampling")
+            seed = gr.Number(value=None, precision=0, label="Seed", elem_id="seed",
+                             info="for sampling; empty = a new random seed per run "
+                                  "(shown after the run, to reproduce it)")
+            max_new = gr.Number(value=64, label="Max new tokens", elem_id="max-new-tokens",
+                                info=f"1 to {MAX_NEW_TOKENS}")
+            tree = gr.Dropdown(
+                ["auto", "4", "6", "10", "16", "24", "32"], value="auto",
+                allow_custom_value=True, label="Tree budget (drafted tokens per step)",
+                info="auto (sized to this machine at start-up; may be off when no tree "
+                     "beats plain decoding), a number, off, or a spec: "
+                     "dynamic:budget=12,topk=4 · small · [[0],[1],[0,0]]")
+            compare = gr.Checkbox(
+                value=True, label="Compare with the other methods",
+                info="Runs plain decoding, prompt lookup and the other head type "
+                     "first, one after another, for the speedups and the race.")
+            with gr.Accordion("Model and heads", open=False):
+                model_box = gr.Textbox(
+                    "", label="Model: hub id or local folder",
+                    placeholder=f"empty = {loaded.label}")
+                heads_box = gr.Textbox(
+                    "", label="Heads folder",
+                    placeholder="empty = the model's shipped heads, else untrained heads",
+                    info="A folder saved by save_pretrained, or one with medusa/, "
+                         "clover/ and clover2/ subfolders.")
+            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt],
+                        example_labels=[e["kind"] for e in examples],
+                        label="Examples: one per task kind", examples_per_page=14)
+        with gr.Column(scale=7, min_width=480):
+            status = gr.Markdown("Pick an example or type a prompt, then press **Run**.",
+                                 elem_id="status")
+            metrics = gr.HTML(figures.metrics_html(
+                "clover", run_stats([]), None, None, (), TIMING_NOTE),
+                elem_id="metrics-panel")
+            tree_plot = gr.Plot(figures.empty_figure(
+                "The candidate tree of each step appears here"),
+                show_label=False, elem_id="tree-plot")
+            with gr.Row():
+                step_slider = gr.Slider(1, 2, value=1, step=1, label="Revisit a step",
+                                        interactive=False, elem_id="step-slider",
+                                        scale=3)
+                browse = gr.Radio([], label="Trace of", elem_id="browse", scale=2)
+            text = gr.HTML(figures.tokens_html([]), elem_id="text-panel")
+            with gr.Accordion("The generated text, to copy", open=False):
+                plain_text = gr.Textbox(show_label=False, lines=4, interactive=False,
+                                        buttons=["copy"], elem_id="plain-text")
+    with gr.Row():
+        accept_plot = gr.Plot(figures.empty_figure("Per-depth acceptance after a run"),
+                              show_label=False, elem_id="acceptance-plot")
+        hist_plot = gr.Plot(figures.empty_figure("Tokens per step after a run"),
+                            show_label=False, elem_id="histogram-plot")
+    race_plot = gr.Plot(figures.empty_figure("The race of plain, Medusa and Clover "
+                                             "after a run"),
+                        show_label=False, elem_id="race-plot")
+    replay_btn = gr.Button("▶ Replay the race", elem_id="replay-button", size="md")
+
+    outputs = dict(status=status, banner=banner, metrics=metrics, tree=tree_plot, text=text,
+                   plain=plain_text, slider=step_slider, browse=browse, accept=accept_plot,
+                   hist=hist_plot, race=race_plot, state=state)
+    run_outputs = [outputs[n] for n in RUN_OUTPUTS]
+    run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed,
+                  lookup]
+    on_run = RunHandler(model_key).on_run
+    # a press is counted at once, then the run waits its turn in the queue
+    for trigger, api in ((run_btn.click, dict(api_name="run")),
+                         (prompt.submit, dict(api_visibility="private"))):
+        trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
+                show_progress="hidden").then(
+            on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
+            concurrency_id="decode", show_progress="hidden", **api)
+    # Stop is cooperative: the run checks the flag between steps (at most one step away)
+    # and draws its own final state; a queued run never starts; closing the page still
+    # cancels the run outright.
+    stop_btn.click(on_stop, [state, visitor], None, api_visibility="private",
+                   concurrency_limit=None, show_progress="hidden")
+    step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics],
+                      api_visibility="private", concurrency_limit=None,
+                      show_progress="hidden", trigger_mode="always_last")
+    browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics],
+                 api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    replay_btn.click(on_replay, [state], [race_plot], api_visibility="private",
+                     concurrency_limit=None, show_progress="hidden")

@@ -1,0 +1,58 @@
+"""The "How Clover works" tab: the architecture diagram and a short explanation of
+speculative decoding with draft heads, Medusa and Clover (static content)."""
+from __future__ import annotations
+
+import gradio as gr
+
+from clover.assets import assets_dir
+
+DIAGRAM_FILE = assets_dir() / "figures" / "clover_vs_medusa.svg"
+
+EXPLAINER = """
+## How Clover works
+
+**The problem.** A language model writes one token per forward pass, and each pass is
+dominated by reading the weights from memory, not by arithmetic. On a GPU, checking ten
+tokens in one pass costs barely more than producing one; on a CPU the extra tokens cost
+more, so the candidate tree has to stay small.
+
+**Speculative decoding with draft heads.** Small *draft heads* read the target model's
+own hidden state and guess the next few tokens, as a small *candidate tree* (several
+guesses per position). The target then checks the whole tree in **one** forward pass: a
+*tree attention mask* lets each candidate see only the prompt and its own ancestors. The
+target keeps the longest branch it agrees with and adds one token of its own, the
+**bonus token**. The text is exactly what the target alone would have written (greedy:
+token for token; sampling: the same distribution); only the number of target passes
+shrinks. In the *Decode* tab, green nodes are accepted guesses, the blue star is the bonus
+token, and vermillion crosses are rejected guesses.
+
+**Medusa** (the baseline) puts several independent heads on the last hidden state. Head 3
+guesses the token three places ahead without knowing what heads 1 and 2 guessed, so its
+guesses are often inconsistent with theirs, and deep guesses are rarely accepted.
+
+**Clover** adds *sequential knowledge* with three parts:
+
+- **Regressive Connection.** Each head is told which token was chosen one position
+  earlier: the previous head's guess (for the first head, the target's own next token),
+  fed in as that token's row of the output layer. A guess can now build on the guesses
+  before it, the way the target itself writes.
+- **Attention Decoder.** One small attention block, shared by all heads, merges that
+  token into the running state: `h_i = h_(i-1) + Attn(query from h_(i-1), key and value
+  from the token)`. Each head then has its own small MLP and reuses the target's frozen
+  output layer.
+- **Augmenting Block.** One extra transformer layer, of the target's own kind and
+  initialised from its last layer, runs over the target's hidden states first and gives
+  the heads a richer starting state (it keeps its own cache and is used only for
+  guessing).
+
+The paper (arXiv 2405.00263) reports 50-76% more extra tokens per step than Medusa and
+up to 1.26x (7B model) and 1.47x (over 100B) Medusa's throughput, because the deeper
+heads guess much better.
+"""
+
+
+def build() -> None:
+    """Lay out the tab inside the current ``gr.Tab``: the diagram, then the text."""
+    gr.HTML(f"<div style='background:#fff;border-radius:10px;padding:6px'>"
+            f"{DIAGRAM_FILE.read_text(encoding='utf-8')}</div>", elem_id="diagram")
+    gr.Markdown(EXPLAINER, elem_id="explainer")
