@@ -71,7 +71,7 @@ from clover.heads import DraftHeads, PlainDrafter
 from clover.heads.base import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
-from clover.trace import GenerationResult, StepTrace, TreeNode
+from clover.trace import TARGET_TOP, GenerationResult, StepTrace, TreeNode
 from clover.tree import (Tree, TreeConfig, batch_position_ids, batch_tree_mask, position_ids,
                          tree_mask)
 
@@ -388,11 +388,12 @@ class BatchRun:
                 self._sync()
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)
-                ids, positions, mask = verify_inputs(trees, [r.length for r in active], prefix,
-                                                     target.dtype, target.device)
+                starts = [r.length for r in active]  # committed positions before this step
+                ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype,
+                                                     target.device)
                 out = target.forward_batch(ids, positions, mask, cache)
                 accs = accept_rows(trees, out.logits, sampling, [r.generator for r in active])
-                lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
+                lengths = compact_rows(cache, starts, prefix, [a.path for a in accs])
                 commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]  # kept
                 keep = [b for b, r in enumerate(active) if r.stop_reason is None]
                 if len(keep) < len(active):  # finished rows leave the batch
@@ -407,7 +408,8 @@ class BatchRun:
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
                 verify_ms = (t_update - t_verify) * 1e3
-                traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, draft_ms, verify_ms)
+                traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, draft_ms, verify_ms,
+                                      starts[b])
                           for b, (r, tree, acc, kept) in enumerate(zip(active, trees, accs, commits))]
             yield traces
             active = [active[b] for b in keep]
@@ -459,40 +461,57 @@ class BatchRun:
         return kept, None
 
     def _trace(self, row: _Row, tree: Tree, logits: torch.Tensor, acc: Acceptance,
-               kept: list[int], draft_ms: float, verify_ms: float) -> StepTrace:
+               kept: list[int], draft_ms: float, verify_ms: float, start: int) -> StepTrace:
         """The row's record of this step (appended to its steps); the times are the
-        whole batch step's."""
+        whole batch step's. Built after the step's timed calls: every display field
+        (texts, probabilities, the target's top tokens) is made here, never in them.
+
+        Args:
+            logits: (N, V) the target's logits at the row's tree nodes.
+            start: the row's committed positions in the KV cache before the step.
+        """
         n_drafts = min(len(kept), len(acc.path) - 1)  # accepted drafts committed
         texts = [row.detok.push(t) for t in kept]  # the text each committed token adds
         if row.stop_reason is not None:
             texts[-1] += row.detok.flush()
-        bonus_prob = float(logits_to_probs(logits[acc.path[-1]], self.sampling)[acc.bonus_token])
+        probs = logits_to_probs(logits, self.sampling)  # (N, V) the target's, after each node
+        bonus_prob = float(probs[acc.path[-1], acc.bonus_token])
         row.decode_s += (draft_ms + verify_ms) / 1e3
         trace = StepTrace(
-            step=len(row.steps), nodes=self._nodes(tree, logits), accepted=acc.path[:1 + n_drafts],
+            step=len(row.steps), nodes=self._nodes(tree, probs), accepted=acc.path[:1 + n_drafts],
             cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
             bonus_text=self.engine.target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
             bonus_committed=len(kept) == len(acc.path),
             new_tokens=kept, new_text=texts, accepted_length=len(kept),
             draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(row.new),
             finished=row.stop_reason is not None, stop_reason=row.stop_reason, row=row.index,
+            prefix_length=start,
         )
         row.steps.append(trace)
         return trace
 
-    def _nodes(self, tree: Tree, logits: torch.Tensor) -> list[TreeNode]:
-        """Trace records of the tree, with the target's probability of each node."""
+    def _nodes(self, tree: Tree, probs: torch.Tensor) -> list[TreeNode]:
+        """Trace records of the tree: each node's target probability (at its parent) and
+        the target's own :data:`~clover.trace.TARGET_TOP` most likely next tokens after it.
+
+        Args:
+            probs: (N, V) the target's distribution after each node (``logits_to_probs``).
+        """
         tok = self.engine.target.tokenizer
         ids = tree.tokens.tolist()
-        target_p = [1.0]
-        if len(tree) > 1:
-            parents = torch.tensor(tree.parents[1:], device=logits.device)
-            probs = logits_to_probs(logits[parents], self.sampling)  # (N-1, V)
-            target_p += probs.gather(-1, tree.tokens[1:, None].to(logits.device))[:, 0].tolist()
+        parents = torch.tensor([max(p, 0) for p in tree.parents], device=probs.device)
+        target_p = probs[parents].gather(-1, tree.tokens[:, None].to(probs.device))[:, 0].tolist()
+        target_p[0] = 1.0  # the root: committed already
+        top = probs.topk(min(TARGET_TOP, probs.shape[-1]), dim=-1)  # (N, k)
+        top_ids, top_p = top.indices.tolist(), top.values.tolist()
         texts = tok.batch_decode([[i] for i in ids])
+        top_texts = tok.batch_decode([[t] for row in top_ids for t in row])
+        k = len(top_ids[0])
         sources = tree.sources or ["root"] + ["head"] * (len(tree) - 1)
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
-                         float(tree.draft_probs[i]), float(target_p[i]), sources[i])
+                         float(tree.draft_probs[i]), float(target_p[i]), sources[i],
+                         target_top=[(top_ids[i][j], top_texts[i * k + j], float(top_p[i][j]))
+                                     for j in range(k)])
                 for i in range(len(tree))]
 
 

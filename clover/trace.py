@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+TARGET_TOP = 3  # the target's most likely next tokens kept per tree node (TreeNode.target_top)
+
 
 @dataclass
 class TreeNode:
@@ -31,6 +33,10 @@ class TreeNode:
             temperature 1).
         source: who proposed it: "root", "head" (the draft heads), "lookup" (prompt
             lookup) or "both".
+        target_top: the target's own :data:`TARGET_TOP` most likely next tokens after this
+            node, as (token_id, text, probability), most likely first (same distribution
+            as ``target_prob``): what the target wanted at this node's children. Greedy
+            verification accepts the child whose token is the first of them.
     """
 
     id: int
@@ -41,6 +47,7 @@ class TreeNode:
     draft_prob: float
     target_prob: float
     source: str = "head"
+    target_top: list[tuple[int, str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +85,10 @@ class StepTrace:
             step, else None.
         row: which prompt of a batched run this step belongs to (its index in the
             batch as given; 0 for a single prompt).
+        prefix_length: the committed positions in the target's KV cache before this step
+            (the prompt but its last token, plus the tokens of earlier steps). Node i is
+            verified at position id ``prefix_length + depth``; verification appends the
+            tree's N positions after them and the update keeps only the accepted path's.
     """
 
     step: int
@@ -97,6 +108,7 @@ class StepTrace:
     new_text: list[str] = field(default_factory=list)
     stop_reason: str | None = None
     row: int = 0
+    prefix_length: int = 0
 
 
 @dataclass

@@ -97,6 +97,31 @@ def test_step_text_joins_to_the_output(case):
     assert "".join(pieces) == target.tokenizer.decode(out.token_ids)
 
 
+def test_trace_records_what_verify_saw_and_where(case):
+    """Each node carries the target's own top tokens after it (greedy accepts the child
+    whose token is the first of them, and the bonus token is the first after the last
+    accepted node), and each step says where its tree sat in the KV cache: the prompt but
+    its last token, then every earlier step's accepted path."""
+    from clover.trace import TARGET_TOP
+
+    target, prompt, ref = case
+    out = Engine(target, ScriptedHeads(target, chain_fn(prompt + ref))).generate(prompt, 13)
+    assert out.steps[0].prefix_length == len(prompt) - 1
+    for a, b in zip(out.steps, out.steps[1:]):
+        assert b.prefix_length == a.prefix_length + len(a.accepted)
+    for s in out.steps:
+        for n in s.nodes:
+            assert len(n.target_top) == TARGET_TOP
+            probs = [p for _, _, p in n.target_top]
+            assert probs == sorted(probs, reverse=True) and 0 < probs[0] <= 1
+            assert all(text == target.tokenizer.decode([t]) for t, text, _ in n.target_top)
+        for child in s.accepted[1:]:
+            node = s.nodes[child]
+            assert node.token_id == s.nodes[node.parent].target_top[0][0]
+            assert node.target_prob == pytest.approx(s.nodes[node.parent].target_top[0][2])
+        assert s.bonus_token == s.nodes[(s.accepted + s.cut)[-1]].target_top[0][0]
+
+
 # ---------------------------------------------------------------- multi-token characters
 
 
