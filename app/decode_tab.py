@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from app import figures, runner
+from app import figures, runner, step_panels
 from app.metrics import METHOD_NAMES, best_step, run_stats, speedup, token_origins
-from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model
+from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import MAX_NEW_TOKENS, parse_settings
+from clover import TreeConfig
 from clover.assets import assets_dir
-from clover.methods import ALL_METHODS
+from clover.methods import ALL_METHODS, split_method
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class RunState:
         stop: the visitor pressed Stop; the run ends after its current step.
         seed / temperature: the run's sampling seed (shared by its methods) and temperature.
         done: the run finished or was stopped (the step slider is live only then).
+        model_key: the registry key of the model the run used (:mod:`app.registry`).
+        tree: the run's tree setting (for the speed panel: its budget, or "auto").
     """
 
     method: str
@@ -56,6 +59,8 @@ class RunState:
     done: bool = False
     seed: int | None = None
     temperature: float = 0.0
+    model_key: str | None = None
+    tree: TreeConfig | None = None
 
 
 @dataclass
@@ -214,6 +219,7 @@ class RunHandler:
             yield _out(status="Loading the model and heads…", state=st)
         try:
             chosen = get_model(settings.model, settings.heads, self.model_key)
+            st.model_key, st.tree = chosen.key, settings.tree
             chosen.check_method(settings.method)
             prompt_ids = runner.encode(chosen, settings)
         except ValueError as e:
@@ -298,6 +304,61 @@ def on_browse(step_number, method_value, st: RunState | None):
     steps = st.runs[method_value]
     i = min(max(int(step_number or 1), 1), len(steps)) - 1
     return step_view(st, method_value, i)
+
+
+PANEL_TITLES = {  # the step view's folded panels, in order
+    "verify": "Verify: what the target wanted at each drafted token",
+    "mask": "The tree attention mask and position ids",
+    "kv": "Update: what the KV cache kept",
+    "regressive": "Clover's regressive inputs, per depth",
+    "speed": "Why this fast, here: the verify cost curve",
+}
+
+
+def speed_facts(st: RunState, method_value: str, steps: list) -> step_panels.SpeedFacts:
+    """What the speed panel reads for ``method_value``'s first ``len(steps)`` steps: the
+    model's verify cost curve where already measured (never measured here), the tree
+    budget the run used, and the run's measured tokens per step and speedup."""
+    try:
+        loaded = loaded_model(st.model_key)
+    except KeyError:  # the model was unloaded since (another visitor's models)
+        loaded = None
+    kind = split_method(method_value)[0]
+    tree, auto = st.tree, bool(st.tree and st.tree.auto)
+    if auto and loaded is not None and kind is not None:
+        tree = loaded.auto_trees.get(kind, tree)
+    budget = tree.budget if kind is not None and tree is not None and not tree.off else None
+    return step_panels.SpeedFacts(
+        costs=loaded.measured_verify_costs() if loaded is not None else None,
+        budget=budget, auto=auto, device=loaded.target.device.type if loaded else "cpu",
+        tokens_per_step=run_stats(steps).tokens_per_step,
+        verified_per_step=sum(len(s.nodes) for s in steps) / len(steps),
+        measured=speedup(steps, st.runs.get("ar", [])) if method_value != "ar" else None)
+
+
+def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:
+    """The folded panels of step ``i``: verify table, attention mask, KV-cache update,
+    regressive inputs, cost curve and its reading; all from the step's own trace."""
+    steps = st.runs[method_value]
+    step = steps[i]
+    facts = speed_facts(st, method_value, steps[: i + 1])
+    return (step_panels.verify_figure(step, st.greedy), step_panels.mask_figure(step),
+            step_panels.kv_figure(step), step_panels.regressive_figure(step, method_value),
+            step_panels.speed_figure(facts), step_panels.speed_reading(facts))
+
+
+def on_step_panels(step_number, method_value, st: RunState | None):
+    """The step panels of the step the slider shows (after a run: the step the tree shows)."""
+    if not st or not st.done or not st.runs.get(method_value):
+        return (gr.skip(),) * len(PANEL_TITLES) + (gr.skip(),)
+    steps = st.runs[method_value]
+    i = min(max(int(step_number or 1), 1), len(steps)) - 1
+    return step_panels_view(st, method_value, i)
+
+
+def on_pick_trace_panels(method_value, st: RunState | None):
+    """The step panels of another method's trace (its last step, as :func:`on_pick_trace`)."""
+    return on_step_panels(len(st.runs.get(method_value, [])) if st else 1, method_value, st)
 
 
 def on_pick_trace(method_value, st: RunState | None):
@@ -405,6 +466,15 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
             with gr.Accordion("The generated text, to copy", open=False):
                 plain_text = gr.Textbox(show_label=False, lines=4, interactive=False,
                                         buttons=["copy"], elem_id="plain-text")
+            panels = {}
+            for name, title in PANEL_TITLES.items():
+                with gr.Accordion(title, open=False, elem_id=f"panel-{name}"):
+                    gr.Markdown(step_panels.CAPTIONS[name], elem_classes="panel-caption")
+                    panels[name] = gr.Plot(figures.empty_figure(
+                        "Run a prompt, then pick a step with the slider", height=140),
+                        show_label=False, elem_id=f"{name}-plot")
+                    if name == "speed":
+                        speed_text = gr.Markdown("", elem_id="speed-reading")
     with gr.Row():
         accept_plot = gr.Plot(figures.empty_figure("Per-depth acceptance after a run"),
                               show_label=False, elem_id="acceptance-plot")
@@ -422,13 +492,16 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed,
                   lookup]
     on_run = RunHandler(model_key).on_run
+    panel_outputs = [*panels.values(), speed_text]  # the step view's folded panels
     # a press is counted at once, then the run waits its turn in the queue
     for trigger, api in ((run_btn.click, dict(api_name="run")),
                          (prompt.submit, dict(api_visibility="private"))):
         trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
                 show_progress="hidden").then(
             on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
-            concurrency_id="decode", show_progress="hidden", **api)
+            concurrency_id="decode", show_progress="hidden", **api).then(
+            on_step_panels, [step_slider, browse, state], panel_outputs,
+            api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # Stop is cooperative: the run checks the flag between steps (at most one step away)
     # and draws its own final state; a queued run never starts; closing the page still
     # cancels the run outright.
@@ -439,5 +512,12 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                       show_progress="hidden", trigger_mode="always_last")
     browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    # the step panels follow the step view, as separate events so the tree never waits
+    # for them
+    step_slider.input(on_step_panels, [step_slider, browse, state], panel_outputs,
+                      api_visibility="private", concurrency_limit=None,
+                      show_progress="hidden", trigger_mode="always_last")
+    browse.input(on_pick_trace_panels, [browse, state], panel_outputs, api_visibility="private",
+                 concurrency_limit=None, show_progress="hidden")
     replay_btn.click(on_replay, [state], [race_plot], api_visibility="private",
                      concurrency_limit=None, show_progress="hidden")

@@ -98,6 +98,13 @@ class LoadedModel:
                 self._lookup = sized_lookup(self.target)
             return self._lookup
 
+    def measured_verify_costs(self) -> tuple[float, ...] | None:
+        """This machine's verify cost curve (ms of one target forward over 1, 2, ...
+        tokens) where it was already measured (for prompt lookup, in the start-up
+        calibration or a lookup run), else None. Never measures."""
+        lookup = self._lookup
+        return tuple(lookup.costs) if lookup is not None and lookup.costs else None
+
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
         """``tree``, or for an ``auto`` tree the dynamic tree whose budget
         ``clover.autotree.auto_tree`` picks for this model, method and machine (read from

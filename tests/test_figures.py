@@ -352,3 +352,130 @@ def test_tree_figure_rings_the_nodes_prompt_lookup_proposed():
     # a heads-only step has the same traces, the ring empty and out of the legend
     plain = next(t for t in figures.tree_figure(hand_step()).data if t.meta == "lookup")
     assert len(plain.x) == 0 and not plain.showlegend
+
+
+# ---------------------------------------------------------------- the step panels (issue 19)
+
+
+def traced_step() -> StepTrace:
+    """:func:`hand_step` as the engine records it: the target's top tokens after each node
+    and where the tree sat in the KV cache (12 committed positions before it)."""
+    s = hand_step()
+    wants = {0: [(102, "\n", 0.9), (101, " b", 0.01)], 1: [(9, "z", 0.6)],
+             2: [(104, " d", 0.8), (103, "c", 0.05)], 3: [(9, "z", 0.5)],
+             4: [(7, "!", 0.7), (105, "<x>", 0.1)], 5: [(9, "z", 0.4)]}
+    for n in s.nodes:
+        n.target_top = wants[n.id]
+    s.prefix_length = 12
+    return s
+
+
+def test_verify_rows_show_what_the_target_wanted_at_the_parent():
+    from app import step_panels
+
+    s = traced_step()
+    rows = step_panels.verify_rows(s, greedy=True)
+    assert [r.node for r in rows] == [1, 2, 3, 4, 5]
+    assert [r.status for r in rows] == [REJECTED, ACCEPTED, REJECTED, ACCEPTED, REJECTED]
+    for r in rows:  # the target's top tokens at the node's parent
+        parent = s.nodes[r.node].parent
+        assert r.wanted == [(t, p) for _, t, p in s.nodes[parent].target_top]
+        assert r.chance is None
+    # greedy: an accepted draft is the target's first choice at its parent, a rejected one not
+    assert all((r.text == r.wanted[0][0]) == (r.status == ACCEPTED) for r in rows)
+    # sampling: children tried in node order, each against what its rejected siblings left
+    sampled = {r.node: r for r in step_panels.verify_rows(s, greedy=False)}
+    assert sampled[1].chance == pytest.approx(0.01)
+    assert sampled[2].chance == pytest.approx(0.9 / 0.99)
+    assert sampled[3].chance == pytest.approx(0.05)
+    assert sampled[4].chance == pytest.approx(0.8 / 0.95)
+    assert sampled[5].chance == pytest.approx(0.1)  # its parent 4 was accepted
+    fig = step_panels.verify_figure(s, greedy=True)
+    cells = fig.data[0].cells.values
+    assert list(cells[0]) == [1, 2, 3, 4, 5] and "✗ rejected" in cells[3][0]
+    assert cells[6][0].startswith("\\n 0.90")  # node 1 ' b': the target wanted '\n'
+    assert len(step_panels.verify_figure(s, greedy=False).data[0].cells.values) == 8
+    plain = step_panels.verify_figure(plain_step(0, 1))
+    assert "Nothing was drafted" in plain.layout.annotations[0].text
+
+
+def test_mask_matches_the_tree_parents_and_positions_follow_depth():
+    from app import step_panels
+
+    s = traced_step()
+    m = step_panels.mask_matrix(s)
+    n = len(s.nodes)
+    assert len(m) == n and all(len(row) == n + 1 for row in m)
+
+    def ancestors(i):
+        out = {i}
+        while s.nodes[i].parent >= 0:
+            i = s.nodes[i].parent
+            out.add(i)
+        return out
+
+    for i in range(n):
+        assert m[i][0]  # every node sees the committed prefix
+        assert {j for j in range(n) if m[i][1 + j]} == ancestors(i)
+    assert step_panels.position_ids(s) == [12 + nd.depth for nd in s.nodes]
+    fig = step_panels.mask_figure(s)
+    heat = fig.data[0]
+    assert [[bool(v) for v in row] for row in heat.z] == m
+    assert heat.x[0] == "prefix (12)" and heat.y[4].endswith("pos 14")  # node 4, depth 2
+    assert heat.colorscale[-1][1] == figures.STATUS_STYLE[BONUS]["color"]  # today's blue
+
+
+def test_kv_update_keeps_exactly_the_accepted_path():
+    from app import step_panels
+
+    s = traced_step()
+    rows = step_panels.kv_update(s)
+    assert [i for i, kept, _ in rows if kept] == s.accepted == [0, 2, 4]
+    assert [slot for _, kept, slot in rows if kept] == [12, 13, 14]
+    assert all(slot is None for _, kept, slot in rows if not kept)
+    fig = step_panels.kv_figure(s)
+    kept, dropped = fig.data
+    assert list(kept.x) == [0, 2, 4] and list(dropped.x) == [1, 3, 5]
+    assert kept.marker.color == figures.STATUS_STYLE[ACCEPTED]["color"]
+    assert dropped.marker.color == figures.STATUS_STYLE[REJECTED]["color"]
+    assert kept.marker.symbol != dropped.marker.symbol  # a second cue beside colour
+    assert "after: 15" in fig.layout.title.text
+    # a step cut at the end of generation keeps its whole verified path
+    s.accepted, s.cut = [0, 2], [4]
+    assert [i for i, kept, _ in step_panels.kv_update(s) if kept] == [0, 2, 4]
+
+
+def test_regressive_inputs_are_the_drafted_parents_tokens():
+    from app import step_panels
+
+    s = traced_step()
+    rows = step_panels.regressive_inputs(s)
+    assert rows == [(1, 0, [1, 2]), (2, 2, [3, 4]), (3, 4, [5])]
+    for depth, parent, kids in rows:
+        for k in kids:  # the input of a drafted node is its parent's drafted token
+            assert s.nodes[k].parent == parent and s.nodes[k].depth == depth
+    table = step_panels.regressive_figure(s, "clover").data[0].cells.values
+    assert list(table[0]) == [1, 2, 3]
+    assert table[2][1] == "\\n ✓" and table[3][0] == "the target's token (root)"
+    assert table[4][1] == "c ✗ · ␣d ✓"
+    assert "Medusa" in step_panels.regressive_figure(s, "medusa").layout.annotations[0].text
+    s.nodes[5].source = "lookup"  # nodes only prompt lookup proposed had no head input
+    assert step_panels.regressive_inputs(s)[-1] == (2, 2, [3, 4])
+
+
+def test_speed_panel_reads_the_measured_curve():
+    from app import step_panels
+
+    facts = step_panels.SpeedFacts(costs=[10.0, 11.0, 12.5, 14.0], budget=10, auto=True,
+                                   device="cpu", tokens_per_step=2.5, verified_per_step=6.0,
+                                   measured=1.6)
+    assert step_panels.cost_at(facts.costs, 2.5) == pytest.approx(11.75)
+    assert step_panels.cost_at(facts.costs, 6.0) == pytest.approx(17.0)  # along the last slope
+    assert step_panels.expected_speedup(facts) == pytest.approx(2.5 * 10 / 17)
+    text = step_panels.speed_reading(facts)
+    assert "**1.47×**" in text and "**1.60×**" in text and "10 drafted tokens (auto" in text
+    assert "On a CPU each extra verified token costs real time" in text
+    fig = step_panels.speed_figure(facts)
+    assert list(fig.data[0].y) == facts.costs and fig.data[1].x == (6.0,)
+    none = step_panels.SpeedFacts(None, None, False, "cpu", 1.0, 1.0, None)
+    assert "not measured" in step_panels.speed_reading(none)

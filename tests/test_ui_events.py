@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import gradio as gr
 import pytest
 
 from app import registry
@@ -83,6 +84,24 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])
     last = on_browse(len(steps), "clover", st)
     assert f"step {len(steps)} · 12 tokens" in last[2]
+
+
+def test_the_step_panels_come_from_the_step_trace(handlers):
+    on_run, on_panels = handlers["on_run"], handlers["on_step_panels"]
+    outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", True, "", "", 0, False, Visitor()))
+    st = outputs[-1][-1]
+    steps = st.runs["clover"]
+    verify, mask, kv, regressive, speed, reading = on_panels(2, "clover", st)
+    step = steps[1]
+    assert list(verify.data[0].cells.values[0]) == [n.id for n in step.nodes[1:]]
+    assert len(mask.data[0].z) == len(step.nodes) and mask.data[0].x[0].startswith("prefix")
+    assert [int(x) for x in kv.data[0].x] == step.accepted + step.cut
+    assert regressive.data[0].type == "table"
+    # the comparison ran prompt lookup, which measured the verify cost curve
+    assert "tokens per step" in reading and "measured: **" in reading
+    assert list(speed.data[0].x)[:2] == [1, 2]
+    assert all(v == gr.skip() for v in on_panels(2, "clover", None))  # before a run: unchanged
+    assert handlers["on_pick_trace_panels"]("ar", st)[3].layout.annotations
 
 
 def _method_radio(demo):

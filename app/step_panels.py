@@ -1,0 +1,382 @@
+"""The inside of one decode step, as figures: what verification compared, the tree
+attention mask, what the KV-cache update kept, Clover's regressive inputs, and why the
+step is as fast as it is on this machine. Pure functions of a step's own
+:class:`~clover.trace.StepTrace` (and, for the speed panel, numbers the app already
+has); nothing is recomputed with the model, no Gradio.
+
+Node order everywhere is the trace's: node 0 the root, then the drafted nodes in the
+order the target verified them. Colours are those of :mod:`app.figures` (Okabe-Ito),
+always with a second cue (a word or a marker shape).
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from app.figures import FONT, STATUS_STYLE, empty_figure, escape_token, token_label
+from app.metrics import ACCEPTED, CUT, REJECTED, ROOT, node_statuses
+from clover.methods import split_method
+from clover.trace import StepTrace
+from clover.tree import ancestor_matrix
+
+KEPT_COLOR = STATUS_STYLE[ACCEPTED]["color"]  # green: kept in the KV cache
+DROPPED_COLOR = STATUS_STYLE[REJECTED]["color"]  # vermillion: dropped
+MASK_SEES = STATUS_STYLE["bonus"]["color"]  # blue: may attend
+MASK_HIDDEN = "#F2F2F2"
+NOT_TRIED = "not tried"  # sampling: its parent was not accepted, or a sibling was first
+
+CAPTIONS = {
+    "verify": "Each drafted token beside what the target itself wanted at that place: a draft "
+              "is kept only where the target agrees.",
+    "mask": "Who may look at whom in the one verification forward: each token sees the "
+            "committed text and its own ancestors, never a sibling branch.",
+    "kv": "After verification the KV cache keeps the positions of the accepted path and drops "
+          "every other drafted position.",
+    "regressive": "Clover's Regressive Connection: the token each draft head was told came "
+                  "just before the one it guessed.",
+    "speed": "How much one more verified token costs on this machine, and what that means for "
+             "the speedup.",
+}
+
+
+def _label(step: StepTrace, i: int) -> str:
+    return f"{i} {token_label(step.nodes[i].text, 8)}"
+
+
+# ---------------------------------------------------------------- verify, per node
+
+
+@dataclass
+class VerifyRow:
+    """One drafted node as verification saw it.
+
+    Attributes:
+        node / depth / text: the node (its id in the step's node order), depth and token.
+        status: accepted, rejected, cut (accepted after the end) or :data:`NOT_TRIED`
+            (sampling: its parent was not accepted, or an earlier sibling was, so no
+            draw decided it).
+        draft_prob: the heads' probability of the token.
+        target_prob: the target's probability of it at the parent.
+        wanted: the target's own top tokens at the parent, as (text, probability).
+        chance: sampling only: the probability it was accepted with (its share of the
+            target's distribution left after the siblings rejected before it); None
+            for greedy, where the rule is "the target's most likely token".
+    """
+
+    node: int
+    depth: int
+    text: str
+    status: str
+    draft_prob: float
+    target_prob: float
+    wanted: list[tuple[str, float]]
+    chance: float | None
+
+
+def verify_rows(step: StepTrace, greedy: bool = True) -> list[VerifyRow]:
+    """Per drafted node (node order), what verification compared it with
+    (:class:`VerifyRow`); from the trace's ``target_top`` and ``target_prob``.
+
+    Sampling tries a parent's children in node order and accepts child c with
+    probability p(c) / (1 - the mass of the siblings rejected before it)
+    (``clover.acceptance.accept_sample``); the children after an accepted one are never
+    tried, nor are the children of a node that was not accepted.
+    """
+    statuses = node_statuses(step)
+    verified = set(step.accepted + step.cut)
+    rows, rejected_mass, done = [], {}, set()
+    for n in step.nodes[1:]:
+        status = statuses[n.id]
+        chance = None
+        if not greedy:
+            if n.parent in done or n.parent not in verified:
+                status = NOT_TRIED
+            else:
+                left = 1.0 - rejected_mass.get(n.parent, 0.0)
+                chance = min(1.0, n.target_prob / left) if left > 0 else 0.0
+            if status in (ACCEPTED, CUT):
+                done.add(n.parent)
+            elif status == REJECTED:
+                rejected_mass[n.parent] = rejected_mass.get(n.parent, 0.0) + n.target_prob
+        wanted = [(text, p) for _, text, p in step.nodes[n.parent].target_top]
+        rows.append(VerifyRow(n.id, n.depth, n.text, status, n.draft_prob, n.target_prob,
+                              wanted, chance))
+    return rows
+
+
+def verify_figure(step: StepTrace, greedy: bool = True) -> go.Figure:
+    """A table of :func:`verify_rows`: each drafted token, its status (word and colour),
+    the draft and target probabilities, and the target's own top tokens at its parent
+    (greedy accepts the first of them); for sampling, the chance it was accepted with."""
+    rows = verify_rows(step, greedy)
+    if not rows:
+        return empty_figure("Nothing was drafted this step: the target wrote one token itself",
+                            height=160)
+    fill = {ACCEPTED: "#DFF3EC", REJECTED: "#FBE5D9", CUT: "#EDEDED", NOT_TRIED: "#FFFFFF"}
+    words = {ACCEPTED: "✓ accepted", REJECTED: "✗ rejected", CUT: "✓ accepted, after the end",
+             NOT_TRIED: "– not tried"}
+    wanted = [" · ".join(f"{html.escape(escape_token(t))} {p:.2f}" for t, p in r.wanted)
+              for r in rows]
+    cells = [[r.node for r in rows], [r.depth for r in rows],
+             [html.escape(escape_token(r.text)) for r in rows], [words[r.status] for r in rows],
+             [f"{r.draft_prob:.2f}" for r in rows], [f"{r.target_prob:.2f}" for r in rows],
+             wanted]
+    header = ["node", "depth", "drafted", "verdict", "draft p", "target p",
+              "target's top tokens at the parent" + (" (greedy takes the first)" if greedy else "")]
+    if not greedy:
+        cells.insert(6, ["" if r.chance is None else f"{r.chance:.2f}" for r in rows])
+        header.insert(6, "accepted with prob.")
+    colours = [fill[r.status] for r in rows]
+    fig = go.Figure(go.Table(
+        columnwidth=[38, 40, 80, 130, 55, 60] + ([75] if not greedy else []) + [260],
+        header=dict(values=[f"<b>{h}</b>" for h in header], fill_color="#F5F5F5",
+                    align="left", font=dict(size=12)),
+        cells=dict(values=cells, fill_color=[colours] * len(cells), align="left",
+                   font=dict(size=12), height=24)))
+    fig.update_layout(height=int(min(560, 70 + 25 * len(rows))), margin=dict(l=4, r=4, t=6, b=4),
+                      font=dict(family=FONT), paper_bgcolor="white")
+    return fig
+
+
+# ---------------------------------------------------------------- the tree attention mask
+
+
+def mask_matrix(step: StepTrace) -> list[list[bool]]:
+    """The step's tree attention mask, the committed prefix summarised as one column:
+    row i (node i), column 0 the prefix (always visible), column 1 + j node j, True
+    where node i may attend (j is i or an ancestor of i: ``clover.tree.ancestor_matrix``
+    of the nodes' parents, what verification used)."""
+    anc = ancestor_matrix([n.parent for n in step.nodes]).tolist()
+    return [[True] + row for row in anc]
+
+
+def position_ids(step: StepTrace) -> list[int]:
+    """The position id each node was verified at: ``prefix_length + depth``."""
+    return [step.prefix_length + n.depth for n in step.nodes]
+
+
+def mask_figure(step: StepTrace) -> go.Figure:
+    """:func:`mask_matrix` as a labelled heatmap (blue: may attend), rows labelled with
+    the node, its token and its position id."""
+    m = mask_matrix(step)
+    pos = position_ids(step)
+    n = len(step.nodes)
+    rows = [f"{_label(step, i)} · pos {pos[i]}" for i in range(n)]
+    cols = [f"prefix ({step.prefix_length})"] + [_label(step, j) for j in range(n)]
+    hover = [[f"{rows[i]} {'sees' if m[i][j] else 'does not see'} {cols[j]}"
+              for j in range(n + 1)] for i in range(n)]
+    fig = go.Figure(go.Heatmap(
+        z=[[1 if v else 0 for v in row] for row in m], x=cols, y=rows, zmin=0, zmax=1,
+        colorscale=[[0, MASK_HIDDEN], [1, MASK_SEES]], showscale=False, xgap=2, ygap=2,
+        text=[["●" if v else "" for v in row] for row in m], texttemplate="%{text}",
+        textfont=dict(color="white", size=10), hovertext=hover,
+        hovertemplate="%{hovertext}<extra></extra>"))
+    size = int(min(620, 120 + 24 * n))
+    fig.update_layout(height=size, margin=dict(l=10, r=10, t=30, b=10), font=dict(family=FONT, size=11),
+                      paper_bgcolor="white", plot_bgcolor="white",
+                      title=dict(text="rows: the query token · columns: what it may attend to (●)",
+                                 x=0.01, font=dict(size=12)),
+                      xaxis=dict(side="top", tickangle=-45, fixedrange=True, type="category"),
+                      yaxis=dict(autorange="reversed", fixedrange=True, type="category"))
+    return fig
+
+
+# ---------------------------------------------------------------- the KV-cache update
+
+
+def kv_update(step: StepTrace) -> list[tuple[int, bool, int | None]]:
+    """Per node (node order): (node id, kept, the cache position it holds after the
+    update, or None when dropped). The update keeps the verified path (``accepted``,
+    then ``cut``) at positions ``prefix_length``, ``prefix_length + 1``, ...; every other
+    drafted position goes."""
+    path = step.accepted + step.cut
+    slot = {i: step.prefix_length + k for k, i in enumerate(path)}
+    return [(n.id, n.id in slot, slot.get(n.id)) for n in step.nodes]
+
+
+def kv_figure(step: StepTrace) -> go.Figure:
+    """:func:`kv_update` on the node order: kept positions as green squares with their
+    new cache position, dropped ones as vermillion crosses."""
+    rows = kv_update(step)
+    fig = go.Figure()
+    for kept, name, color, symbol in ((True, "kept in the KV cache", KEPT_COLOR, "square"),
+                                      (False, "dropped", DROPPED_COLOR, "x")):
+        pts = [r for r in rows if r[1] == kept]
+        fig.add_trace(go.Scatter(
+            x=[r[0] for r in pts], y=[0] * len(pts), mode="markers+text", name=name, meta=name,
+            marker=dict(symbol=symbol, size=22, color=color, line=dict(width=1, color="white")),
+            text=[f"→ {r[2]}" if kept else "" for r in pts], textposition="bottom center",
+            hovertext=[f"{_label(step, r[0])}: " + (f"kept, now cache position {r[2]}" if kept
+                                                    else "dropped") for r in pts],
+            hovertemplate="%{hovertext}<extra></extra>"))
+    n = len(step.nodes)
+    fig.update_layout(
+        height=190, margin=dict(l=10, r=10, t=50, b=30), font=dict(family=FONT, size=12),
+        paper_bgcolor="white", plot_bgcolor="white",
+        title=dict(text=f"before: {step.prefix_length} + {n} positions · after: "
+                        f"{step.prefix_length + len(step.accepted) + len(step.cut)}",
+                   x=0.01, font=dict(size=12)),
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.25),
+        xaxis=dict(tickvals=list(range(n)), ticktext=[_label(step, i) for i in range(n)],
+                   range=[-0.6, n - 0.4], fixedrange=True, showgrid=False),
+        yaxis=dict(visible=False, range=[-1, 0.8], fixedrange=True))
+    return fig
+
+
+# ---------------------------------------------------------------- Clover's regressive inputs
+
+
+def regressive_inputs(step: StepTrace) -> list[tuple[int, int, list[int]]]:
+    """Per parent whose children the draft heads drafted: (depth drafted, the parent
+    node whose token entered the Attention Decoder, the children drafted from it). At
+    depth 1 the parent is the root (the target's own last token); deeper it is the
+    previous head's choice. Nodes only prompt lookup proposed are left out."""
+    kids: dict[int, list[int]] = {}
+    for n in step.nodes[1:]:
+        if n.source in ("head", "both"):
+            kids.setdefault(n.parent, []).append(n.id)
+    return sorted(((step.nodes[p].depth + 1, p, c) for p, c in kids.items()),
+                  key=lambda r: (r[0], r[1]))
+
+
+def regressive_figure(step: StepTrace, method: str) -> go.Figure:
+    """:func:`regressive_inputs` as a table for Clover methods; for other methods a
+    note on why there is none."""
+    kind = split_method(method)[0]
+    if kind is None:
+        return empty_figure("No draft heads in this method, so no regressive inputs", height=120)
+    if not kind.startswith("clover"):
+        return empty_figure("Medusa's heads get no regressive input: each guesses from the "
+                            "hidden state alone", height=120)
+    rows = regressive_inputs(step)
+    if not rows:
+        return empty_figure("The heads drafted nothing this step", height=120)
+    statuses = node_statuses(step)
+    mark = {ACCEPTED: "✓", CUT: "✓", REJECTED: "✗", ROOT: ""}
+
+    def tok(i):
+        return f"{html.escape(escape_token(step.nodes[i].text))} {mark[statuses[i]]}".strip()
+
+    cells = [[d for d, _, _ in rows],
+             [f"head {d}" for d, _, _ in rows],
+             [tok(p) for _, p, _ in rows],
+             ["the target's token (root)" if p == 0 else f"head {d - 1}'s choice (node {p})"
+              for d, p, _ in rows],
+             [" · ".join(tok(c) for c in kids) for _, _, kids in rows]]
+    fig = go.Figure(go.Table(
+        columnwidth=[45, 55, 90, 170, 260],
+        header=dict(values=["<b>depth</b>", "<b>head</b>", "<b>input token</b>",
+                            "<b>where it came from</b>", "<b>tokens the head drafted from it</b>"],
+                    fill_color="#F5F5F5", align="left", font=dict(size=12)),
+        cells=dict(values=cells, align="left", font=dict(size=12), height=24)))
+    fig.update_layout(height=int(min(420, 70 + 25 * len(rows))), margin=dict(l=4, r=4, t=6, b=4),
+                      font=dict(family=FONT), paper_bgcolor="white")
+    return fig
+
+
+# ---------------------------------------------------------------- why this fast, here
+
+
+@dataclass
+class SpeedFacts:
+    """What the speed panel reads, all already measured.
+
+    Attributes:
+        costs: this machine's verify cost curve, ms of one target forward over 1, 2, ...
+            tokens (measured at start-up for prompt lookup, see
+            ``clover.autotree.verify_costs``), or None where it was not measured.
+        budget: the tree budget the run used (drafted tokens per step), None for no tree.
+        auto: whether that budget was sized to this machine ("auto").
+        device: "cpu" or "cuda".
+        tokens_per_step: the run's measured tokens per step (tau, bonus included).
+        verified_per_step: the run's mean tree size, root included (tokens per forward).
+        measured: the measured speedup over plain decoding, None without a plain run.
+    """
+
+    costs: Sequence[float] | None
+    budget: int | None
+    auto: bool
+    device: str
+    tokens_per_step: float
+    verified_per_step: float
+    measured: float | None
+
+
+def cost_at(costs: Sequence[float], n: float) -> float:
+    """The curve's cost of verifying ``n`` tokens: linear between the measured points,
+    and beyond the last one along the last measured slope."""
+    if n <= 1:
+        return costs[0]
+    i = int(n) - 1
+    if i + 1 < len(costs):
+        return costs[i] + (n - int(n)) * (costs[i + 1] - costs[i])
+    slope = costs[-1] - costs[-2] if len(costs) > 1 else 0.0
+    return costs[-1] + (n - len(costs)) * slope
+
+
+def expected_speedup(facts: SpeedFacts) -> float | None:
+    """What verification alone predicts: tokens per step times the cost of one plain
+    token over the cost of verifying the run's mean tree (drafting counted as free, so
+    an upper bound on the measured speedup)."""
+    if not facts.costs or facts.verified_per_step <= 0:
+        return None
+    return facts.tokens_per_step * facts.costs[0] / cost_at(facts.costs, facts.verified_per_step)
+
+
+def speed_reading(facts: SpeedFacts) -> str:
+    """One paragraph (Markdown) that reads the speed panel's numbers."""
+    if not facts.costs:
+        return ("The verify cost curve of this machine was not measured (it is measured at "
+                "start-up, in the background; not on ZeroGPU), so only the measured speedup "
+                "can be shown.")
+    c1, n = facts.costs[0], facts.verified_per_step
+    cn = cost_at(facts.costs, n)
+    tree = ("no tree (plain decoding)" if not facts.budget else
+            f"a tree of {facts.budget} drafted tokens"
+            + (" (auto: sized to this machine)" if facts.auto else ""))
+    exp = expected_speedup(facts)
+    text = (f"On this {facts.device.upper()} one target forward costs {c1:.1f} ms for one token "
+            f"and {cn:.1f} ms for the {n:.1f} tokens this run verified per step on average "
+            f"({(cn / c1 - 1) * 100:+.0f}%). The run used {tree} and kept "
+            f"{facts.tokens_per_step:.2f} tokens per step, so verification alone predicts "
+            f"**{exp:.2f}×**")
+    if facts.measured is not None:
+        text += (f"; measured: **{facts.measured:.2f}×** over plain decoding (the gap is "
+                 f"drafting, bookkeeping and timing noise).")
+    else:
+        text += "; turn on the comparison to measure the real speedup."
+    if facts.device == "cpu":
+        text += (" On a CPU each extra verified token costs real time, so a small tree pays "
+                 "best; on a GPU the curve stays flat until much larger trees.")
+    else:
+        text += " On a GPU the curve stays flat for a while, so larger trees come almost free."
+    return text
+
+
+def speed_figure(facts: SpeedFacts) -> go.Figure:
+    """The verify cost curve (ms per forward against tokens verified), with the run's
+    mean tree size marked."""
+    if not facts.costs:
+        return empty_figure("The verify cost curve was not measured on this machine", height=200)
+    xs = list(range(1, len(facts.costs) + 1))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=list(facts.costs), mode="lines+markers",
+                             name="one target forward", line=dict(color="#0072B2", width=3),
+                             marker=dict(symbol="circle", size=8),
+                             hovertemplate="%{x} tokens: %{y:.1f} ms<extra></extra>"))
+    n = facts.verified_per_step
+    fig.add_trace(go.Scatter(x=[n], y=[cost_at(facts.costs, n)], mode="markers",
+                             name="this run's mean tree", meta="run",
+                             marker=dict(symbol="star", size=18, color="#D55E00"),
+                             hovertemplate="%{x:.1f} tokens per step: %{y:.1f} ms<extra></extra>"))
+    fig.update_layout(height=280, margin=dict(l=50, r=10, t=30, b=40), font=dict(family=FONT, size=12),
+                      paper_bgcolor="white", plot_bgcolor="white",
+                      legend=dict(orientation="h", x=0, y=1.15),
+                      xaxis=dict(title="tokens verified in one forward", gridcolor="#EEEEEE",
+                                 range=[0.5, max(len(xs), n) + 0.5], fixedrange=True),
+                      yaxis=dict(title="ms", gridcolor="#EEEEEE", rangemode="tozero",
+                                 fixedrange=True))
+    return fig
