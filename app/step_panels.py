@@ -215,7 +215,7 @@ def kv_figure(step: StepTrace) -> go.Figure:
     n = len(step.nodes)
     fig.update_layout(
         height=190, margin=dict(l=10, r=10, t=50, b=30), font=dict(family=FONT, size=12),
-        paper_bgcolor="white", plot_bgcolor="white",
+        paper_bgcolor="white", plot_bgcolor="white", showlegend=True,  # also with nothing dropped
         title=dict(text=f"before: {step.prefix_length} + {n} positions · after: "
                         f"{step.prefix_length + len(step.accepted) + len(step.cut)}",
                    x=0.01, font=dict(size=12)),
@@ -329,9 +329,12 @@ def expected_speedup(facts: SpeedFacts) -> float | None:
 def speed_reading(facts: SpeedFacts) -> str:
     """One paragraph (Markdown) that reads the speed panel's numbers."""
     if not facts.costs:
-        return ("The verify cost curve of this machine was not measured (it is measured at "
-                "start-up, in the background; not on ZeroGPU), so only the measured speedup "
-                "can be shown.")
+        text = (f"The verify cost curve of this machine was not measured yet (it is measured at "
+                f"start-up, in the background; never on ZeroGPU), so nothing is predicted. The "
+                f"run kept {facts.tokens_per_step:.2f} tokens per step")
+        if facts.measured is not None:
+            return text + f"; measured: **{facts.measured:.2f}×** over plain decoding."
+        return text + "."
     c1, n = facts.costs[0], facts.verified_per_step
     cn = cost_at(facts.costs, n)
     tree = ("no tree (plain decoding)" if not facts.budget else

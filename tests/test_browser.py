@@ -125,6 +125,24 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
                            timeout=30_000)
     assert 2 <= page.locator("#generated-text span").count() < 16
 
+    # the step's own panels (issue 19): folded by default, each opened here
+    for name in ("verify", "mask", "kv", "regressive", "speed"):
+        panel = page.locator(f"#panel-{name}")
+        assert not panel.locator(f"#{name}-plot").is_visible()  # folded
+        panel.locator("button.label-wrap").first.click()
+        page.wait_for_selector(f"#{name}-plot .js-plotly-plot", state="visible", timeout=30_000)
+    page.wait_for_function("document.querySelector('#mask-plot').innerText.includes('prefix (')",
+                           timeout=30_000)
+    page.wait_for_timeout(800)  # let Plotly draw the opened panels
+    assert "top tokens at the parent" in page.inner_text("#verify-plot")
+    assert "kept in the KV cache" in page.inner_text("#kv-plot")
+    assert "input token" in page.inner_text("#regressive-plot")
+    assert "tokens per step" in page.inner_text("#speed-reading")
+    for name in ("verify", "mask", "kv", "regressive", "speed"):
+        box = page.locator(f"#{name}-plot .js-plotly-plot").bounding_box()
+        assert box["width"] > 300 and box["height"] > 60, (name, box)
+    shot(page, tmp_path, "app-step-panels.png")
+
     page.get_by_role("tab", name="How Clover works").click()
     page.wait_for_selector("#diagram svg")
     assert page.locator("#diagram svg").is_visible()

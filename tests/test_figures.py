@@ -440,6 +440,8 @@ def test_kv_update_keeps_exactly_the_accepted_path():
     assert dropped.marker.color == figures.STATUS_STYLE[REJECTED]["color"]
     assert kept.marker.symbol != dropped.marker.symbol  # a second cue beside colour
     assert "after: 15" in fig.layout.title.text
+    all_kept = step_panels.kv_figure(chain_step(0, 3, accepted_depth=3))
+    assert all_kept.layout.showlegend and len(all_kept.data[1].x) == 0  # the legend stays
     # a step cut at the end of generation keeps its whole verified path
     s.accepted, s.cut = [0, 2], [4]
     assert [i for i, kept, _ in step_panels.kv_update(s) if kept] == [0, 2, 4]
@@ -477,5 +479,6 @@ def test_speed_panel_reads_the_measured_curve():
     assert "On a CPU each extra verified token costs real time" in text
     fig = step_panels.speed_figure(facts)
     assert list(fig.data[0].y) == facts.costs and fig.data[1].x == (6.0,)
-    none = step_panels.SpeedFacts(None, None, False, "cpu", 1.0, 1.0, None)
-    assert "not measured" in step_panels.speed_reading(none)
+    none = step_panels.SpeedFacts(None, None, False, "cpu", 1.0, 1.0, 0.9)
+    text = step_panels.speed_reading(none)
+    assert "not measured" in text and "1.00 tokens per step" in text and "**0.90×**" in text
