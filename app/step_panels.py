@@ -337,13 +337,16 @@ def speed_reading(facts: SpeedFacts) -> str:
         return text + "."
     c1, n = facts.costs[0], facts.verified_per_step
     cn = cost_at(facts.costs, n)
-    tree = ("no tree (plain decoding)" if not facts.budget else
+    tree = ("no tree of draft heads" if not facts.budget else
             f"a tree of {facts.budget} drafted tokens"
             + (" (auto: sized to this machine)" if facts.auto else ""))
     exp = expected_speedup(facts)
     text = (f"On this {facts.device.upper()} one target forward costs {c1:.1f} ms for one token "
             f"and {cn:.1f} ms for the {n:.1f} tokens this run verified per step on average "
-            f"({(cn / c1 - 1) * 100:+.0f}%). The run used {tree} and kept "
+            f"({(cn / c1 - 1) * 100:+.0f}%"
+            + (f"; beyond the {len(facts.costs)} measured sizes the curve is extended along its "
+               f"last slope" if n > len(facts.costs) else "")
+            + f"). The run used {tree} and kept "
             f"{facts.tokens_per_step:.2f} tokens per step, so verification alone predicts "
             f"**{exp:.2f}×**")
     if facts.measured is not None:
@@ -371,6 +374,11 @@ def speed_figure(facts: SpeedFacts) -> go.Figure:
                              marker=dict(symbol="circle", size=8),
                              hovertemplate="%{x} tokens: %{y:.1f} ms<extra></extra>"))
     n = facts.verified_per_step
+    if n > len(xs):  # past the measured sizes: the extension cost_at uses, dashed
+        fig.add_trace(go.Scatter(x=[xs[-1], n], y=[facts.costs[-1], cost_at(facts.costs, n)],
+                                 mode="lines", name="extended (not measured)", meta="extended",
+                                 line=dict(color="#0072B2", width=2, dash="dash"),
+                                 hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=[n], y=[cost_at(facts.costs, n)], mode="markers",
                              name="this run's mean tree", meta="run",
                              marker=dict(symbol="star", size=18, color="#D55E00"),

@@ -477,8 +477,14 @@ def test_speed_panel_reads_the_measured_curve():
     text = step_panels.speed_reading(facts)
     assert "**1.47×**" in text and "**1.60×**" in text and "10 drafted tokens (auto" in text
     assert "On a CPU each extra verified token costs real time" in text
+    assert "beyond the 4 measured sizes" in text
     fig = step_panels.speed_figure(facts)
-    assert list(fig.data[0].y) == facts.costs and fig.data[1].x == (6.0,)
+    assert list(fig.data[0].y) == facts.costs
+    assert [t.meta for t in fig.data[1:]] == ["extended", "run"] and fig.data[2].x == (6.0,)
+    inside = step_panels.SpeedFacts([10.0, 11.0, 12.5, 14.0], None, False, "cuda", 1.0, 1.0, None)
+    assert [t.meta for t in step_panels.speed_figure(inside).data[1:]] == ["run"]
+    text = step_panels.speed_reading(inside)
+    assert "no tree of draft heads" in text and "beyond" not in text and "On a GPU" in text
     none = step_panels.SpeedFacts(None, None, False, "cpu", 1.0, 1.0, 0.9)
     text = step_panels.speed_reading(none)
     assert "not measured" in text and "1.00 tokens per step" in text and "**0.90×**" in text
