@@ -392,6 +392,7 @@ class HybridDrafter:
         self.draft_ms = [0.0, 0]  # ms, drafts
         self.last_heads: Tree | None = None  # the heads' own tree of the last step
         self.accepted: list[int] = []  # the drafts accepted in the last step
+        self._last_n = 0  # the match length of the last step's chain
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
@@ -399,37 +400,79 @@ class HybridDrafter:
         self.lookup.observe(hidden_pre, hidden_post, tokens)
         self.accepted = [int(t) for t in tokens[1:]]
 
-    def _heads(self, root_token: int, max_depth: int) -> Tree:
-        t = time.perf_counter()
-        tree = self.inner.draft(root_token, max_depth)
-        self.draft_ms[0] += (time.perf_counter() - t) * 1e3
+    @property
+    def heads(self):
+        """The inner drafter's heads (rows of a batch that share them draft together)."""
+        return getattr(self.inner, "heads", None)
+
+    def _record_heads(self, tree: Tree, ms: float) -> None:
+        self.draft_ms[0] += ms
         self.draft_ms[1] += 1
         self.nodes[0] += len(tree) - 1
         self.nodes[1] += 1
         self.last_heads = tree
+
+    def _heads(self, root_token: int, max_depth: int) -> Tree:
+        t = time.perf_counter()
+        tree = self.inner.draft(root_token, max_depth)
+        self._record_heads(tree, (time.perf_counter() - t) * 1e3)
         return tree
 
-    def draft(self, root_token: int, max_depth: int) -> Tree:
+    def _plan(self, root_token: int, max_depth: int) -> tuple[bool, list[int], float]:
+        """This step's plan: (draft the heads?, the lookup tokens to draft, their rate);
+        scores the heads' last tree and records what lookup drafts (``commit``)."""
         if self.last_heads is not None:  # what the heads alone would have had accepted
             self.gain[0] += self.last_heads.matched_path(self.accepted + [int(root_token)])
             self.gain[1] += 1
             self.last_heads = None
         chain, n = self.lookup.candidates(root_token, max_depth)
         rate = self.lookup.rate(n) if chain else 0.0
-        if not self.costs:  # no cost curve: the chain shares the heads' budget
-            tree = self._heads(root_token, max_depth)
-            chain = chain[:self.budget]
-            merged = merge_branch(tree, chain, rate, max(self.budget, len(tree) - 1)) if chain else tree
-            self.lookup.commit(chain, n, merged.matched_path(chain))
-            return merged
+        self._last_n = n
+        if not self.costs:  # no cost curve: the chain shares the heads' budget (see _merge)
+            return True, chain[:self.budget], rate
         use_heads, length = plan_step(
             self.costs, rate, len(chain), self.gain[0] / self.gain[1],
             self.nodes[0] / self.nodes[1], self.draft_ms[0] / max(self.draft_ms[1], 1))
         self.lookup.commit(chain, n, length)
-        if not use_heads:
-            return chain_tree(root_token, chain[:length], rate)
-        tree = self._heads(root_token, max_depth)
-        if not length:
-            return tree
-        return merge_branch(tree, chain[:length], rate, len(tree) - 1 + length)
+        return use_heads, chain[:length], rate
 
+    def _merge(self, root_token: int, heads_tree: Tree | None, chain: list[int], rate: float) -> Tree:
+        """The step's tree from the heads' tree (None: not drafted) and the lookup chain."""
+        if heads_tree is None:
+            return chain_tree(root_token, chain, rate)
+        if not chain:
+            return heads_tree
+        if not self.costs:
+            merged = merge_branch(heads_tree, chain, rate, max(self.budget, len(heads_tree) - 1))
+            self.lookup.commit(chain, self._last_n, merged.matched_path(chain))
+            return merged
+        return merge_branch(heads_tree, chain, rate, len(heads_tree) - 1 + len(chain))
+
+    def draft(self, root_token: int, max_depth: int) -> Tree:
+        use_heads, chain, rate = self._plan(root_token, max_depth)
+        tree = self._heads(root_token, max_depth) if use_heads else None
+        return self._merge(root_token, tree, chain, rate)
+
+    @staticmethod
+    def draft_many(drafters: list["HybridDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
+        """:meth:`draft` for several rows of a batch whose inner drafters share one set of
+        heads: each row plans its step alone; the rows that draft their heads do so
+        together (their inner class's ``draft_many`` where it has one, the drafting time
+        shared evenly between them), then each row merges its own lookup chain."""
+        plans = [d._plan(r, m) for d, r, m in zip(drafters, roots, max_depths)]
+        rows = [i for i, (use_heads, _, _) in enumerate(plans) if use_heads]
+        trees: list[Tree | None] = [None] * len(drafters)
+        if rows:
+            inner = [drafters[i].inner for i in rows]
+            many = getattr(type(inner[0]), "draft_many", None)
+            t = time.perf_counter()
+            if many is not None and len(rows) > 1:
+                grown = many(inner, [roots[i] for i in rows], [max_depths[i] for i in rows])
+            else:
+                grown = [d.draft(roots[i], max_depths[i]) for d, i in zip(inner, rows)]
+            ms = (time.perf_counter() - t) * 1e3 / len(rows)
+            for i, tree in zip(rows, grown):
+                drafters[i]._record_heads(tree, ms)
+                trees[i] = tree
+        return [d._merge(r, tree, chain, rate)
+                for d, r, tree, (_, chain, rate) in zip(drafters, roots, trees, plans)]

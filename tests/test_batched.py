@@ -77,6 +77,9 @@ def engines(target, refs, prompts) -> dict[str, Engine]:
         out[kind] = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
     out["clover+lookup"] = Engine(target, out["clover"].heads, parse_tree_spec("small"),
                                   lookup=LookupConfig(max_tokens=4))
+    # sized per step on a cost curve: each row picks heads, lookup or both (plan_step)
+    out["medusa+lookup"] = Engine(target, out["medusa"].heads, parse_tree_spec("dynamic:budget=2,topk=2"),
+                                  lookup=LookupConfig(max_tokens=4, costs=(10.0, 10.5, 11.0, 12.0, 13.0)))
     sequences = [p + r for p, r in zip(prompts, refs)]
     out["oracle"] = Engine(target, OracleHeads(target, sequences))
     return out
@@ -336,6 +339,32 @@ def test_medusa_rows_draft_together():
         assert [[n.token_id for n in s.nodes] for s in out.steps] == \
             [[n.token_id for n in s.nodes] for s in alone.steps]
         assert [[n.parent for n in s.nodes] for s in out.steps] == [[n.parent for n in s.nodes] for s in alone.steps]
+
+
+def test_hybrid_rows_draft_their_heads_together():
+    """Medusa + lookup in a batch: the rows' heads draft in one heads call per step
+    (``HybridDrafter.draft_many``), each row merges its own lookup chain, and each row's
+    trees are the ones it drafts alone."""
+    target = tiny_target("llama")
+    heads = perturb(new_heads("medusa", target, num_heads=3), scale=0.2, seed=1)
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=4,topk=2"), lookup=LookupConfig(max_tokens=3))
+    prompts = [p + p[:4] for p in batch_prompts(target.vocab_size)[:4]]  # repeats for lookup to find
+    calls = []
+    hook = heads.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    try:
+        run = engine.stream_batch(prompts, 12)
+        steps = list(run)
+    finally:
+        hook.remove()
+    assert len(calls) == len(steps) and max(calls) > 1
+    sources = set()
+    for prompt, out in zip(prompts, run.results):
+        alone = engine.generate(prompt, 12)
+        assert out.token_ids == alone.token_ids == Engine(target).generate(prompt, 12).token_ids
+        assert [[(n.token_id, n.parent) for n in s.nodes] for s in out.steps] == \
+            [[(n.token_id, n.parent) for n in s.nodes] for s in alone.steps]
+        sources |= {n.source for s in out.steps for n in s.nodes}
+    assert "lookup" in sources or "both" in sources
 
 
 @pytest.mark.parametrize("kind", ["clover", "clover2"])
