@@ -35,7 +35,7 @@ from clover.cache import crop_cache, new_cache
 from clover.engine import Engine, verify_inputs
 from clover.heads.base import draft_rows
 from clover.models import encode_prompt
-from clover.tree import Tree, TreeConfig
+from clover.tree import Tree, TreeConfig, root_only
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             return verify_once(target, cache, prefix_len, tree, batch_size)
 
         root = int(ids[0, -1])
-        plain_ms = median_ms(verify(Tree(torch.tensor([root]), [-1], [0], [1.0])), repeats)
+        plain_ms = median_ms(verify(root_only(root, target.device)), repeats)
         draft_ms, verify_ms, nodes = [], [], []
         for b in budgets:
             drafters = drafters_for(replace(big, budget=b))
