@@ -333,7 +333,8 @@ def speed_facts(st: RunState, method_value: str, steps: list) -> step_panels.Spe
         budget=budget, auto=auto, device=loaded.target.device.type if loaded else "cpu",
         tokens_per_step=run_stats(steps).tokens_per_step,
         verified_per_step=sum(len(s.nodes) for s in steps) / len(steps),
-        measured=speedup(steps, st.runs.get("ar", [])) if method_value != "ar" else None)
+        measured=speedup(steps, st.runs.get("ar", [])) if method_value != "ar" else None,
+        draft_ms=run_stats(steps).draft_ms)
 
 
 def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:

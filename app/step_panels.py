@@ -21,6 +21,7 @@ from app.metrics import ACCEPTED, CUT, REJECTED, ROOT, node_statuses
 from clover.methods import split_method
 from clover.trace import StepTrace
 from clover.tree import ancestor_matrix
+from clover.lookup import verify_ms
 
 KEPT_COLOR = STATUS_STYLE[ACCEPTED]["color"]  # green: kept in the KV cache
 DROPPED_COLOR = STATUS_STYLE[REJECTED]["color"]  # vermillion: dropped
@@ -294,6 +295,7 @@ class SpeedFacts:
         tokens_per_step: the run's measured tokens per step (tau, bonus included).
         verified_per_step: the run's mean tree size, root included (tokens per forward).
         measured: the measured speedup over plain decoding, None without a plain run.
+        draft_ms: the run's mean drafting time per step in ms (0 for plain decoding).
     """
 
     costs: Sequence[float] | None
@@ -303,27 +305,17 @@ class SpeedFacts:
     tokens_per_step: float
     verified_per_step: float
     measured: float | None
-
-
-def cost_at(costs: Sequence[float], n: float) -> float:
-    """The curve's cost of verifying ``n`` tokens: linear between the measured points,
-    and beyond the last one along the last measured slope."""
-    if n <= 1:
-        return costs[0]
-    i = int(n) - 1
-    if i + 1 < len(costs):
-        return costs[i] + (n - int(n)) * (costs[i + 1] - costs[i])
-    slope = costs[-1] - costs[-2] if len(costs) > 1 else 0.0
-    return costs[-1] + (n - len(costs)) * slope
+    draft_ms: float = 0.0
 
 
 def expected_speedup(facts: SpeedFacts) -> float | None:
-    """What verification alone predicts: tokens per step times the cost of one plain
-    token over the cost of verifying the run's mean tree (drafting counted as free, so
-    an upper bound on the measured speedup)."""
+    """What the cost curve predicts: tokens per step times the cost of one plain token
+    over a step's cost, the verification of the run's mean tree
+    (:func:`clover.lookup.verify_ms`) plus its mean drafting time."""
     if not facts.costs or facts.verified_per_step <= 0:
         return None
-    return facts.tokens_per_step * facts.costs[0] / cost_at(facts.costs, facts.verified_per_step)
+    return facts.tokens_per_step * facts.costs[0] / (verify_ms(facts.costs, facts.verified_per_step)
+                                                     + facts.draft_ms)
 
 
 def speed_reading(facts: SpeedFacts) -> str:
@@ -336,7 +328,7 @@ def speed_reading(facts: SpeedFacts) -> str:
             return text + f"; measured: **{facts.measured:.2f}×** over plain decoding."
         return text + "."
     c1, n = facts.costs[0], facts.verified_per_step
-    cn = cost_at(facts.costs, n)
+    cn = verify_ms(facts.costs, n)
     tree = ("no tree of draft heads" if not facts.budget else
             f"a tree of {facts.budget} drafted tokens"
             + (" (auto: sized to this machine)" if facts.auto else ""))
@@ -345,13 +337,13 @@ def speed_reading(facts: SpeedFacts) -> str:
             f"and {cn:.1f} ms for the {n:.1f} tokens this run verified per step on average "
             f"({(cn / c1 - 1) * 100:+.0f}%"
             + (f"; beyond the {len(facts.costs)} measured sizes the curve is extended along its "
-               f"last slope" if n > len(facts.costs) else "")
+               f"mean slope" if n > len(facts.costs) else "")
             + f"). The run used {tree} and kept "
-            f"{facts.tokens_per_step:.2f} tokens per step, so verification alone predicts "
-            f"**{exp:.2f}×**")
+            f"{facts.tokens_per_step:.2f} tokens per step; with its {facts.draft_ms:.1f} ms of "
+            f"drafting per step the curve predicts **{exp:.2f}×**")
     if facts.measured is not None:
         text += (f"; measured: **{facts.measured:.2f}×** over plain decoding (the gap is "
-                 f"drafting, bookkeeping and timing noise).")
+                 f"bookkeeping and timing noise).")
     else:
         text += "; turn on the comparison to measure the real speedup."
     if facts.device == "cpu":
@@ -374,12 +366,12 @@ def speed_figure(facts: SpeedFacts) -> go.Figure:
                              marker=dict(symbol="circle", size=8),
                              hovertemplate="%{x} tokens: %{y:.1f} ms<extra></extra>"))
     n = facts.verified_per_step
-    if n > len(xs):  # past the measured sizes: the extension cost_at uses, dashed
-        fig.add_trace(go.Scatter(x=[xs[-1], n], y=[facts.costs[-1], cost_at(facts.costs, n)],
+    if n > len(xs):  # past the measured sizes: the extension verify_ms uses, dashed
+        fig.add_trace(go.Scatter(x=[xs[-1], n], y=[facts.costs[-1], verify_ms(facts.costs, n)],
                                  mode="lines", name="extended (not measured)", meta="extended",
                                  line=dict(color="#0072B2", width=2, dash="dash"),
                                  hoverinfo="skip"))
-    fig.add_trace(go.Scatter(x=[n], y=[cost_at(facts.costs, n)], mode="markers",
+    fig.add_trace(go.Scatter(x=[n], y=[verify_ms(facts.costs, n)], mode="markers",
                              name="this run's mean tree", meta="run",
                              marker=dict(symbol="star", size=18, color="#D55E00"),
                              hovertemplate="%{x:.1f} tokens per step: %{y:.1f} ms<extra></extra>"))

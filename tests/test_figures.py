@@ -470,12 +470,12 @@ def test_speed_panel_reads_the_measured_curve():
 
     facts = step_panels.SpeedFacts(costs=[10.0, 11.0, 12.5, 14.0], budget=10, auto=True,
                                    device="cpu", tokens_per_step=2.5, verified_per_step=6.0,
-                                   measured=1.6)
-    assert step_panels.cost_at(facts.costs, 2.5) == pytest.approx(11.75)
-    assert step_panels.cost_at(facts.costs, 6.0) == pytest.approx(17.0)  # along the last slope
-    assert step_panels.expected_speedup(facts) == pytest.approx(2.5 * 10 / 17)
+                                   measured=1.6, draft_ms=1.0)
+    # verify_ms(costs, 6) = 14 + 2 x the mean slope (4 / 3): the step costs that plus 1 ms drafting
+    assert step_panels.expected_speedup(facts) == pytest.approx(2.5 * 10 / (14 + 8 / 3 + 1.0))
     text = step_panels.speed_reading(facts)
-    assert "**1.47×**" in text and "**1.60×**" in text and "10 drafted tokens (auto" in text
+    assert "**1.42×**" in text and "**1.60×**" in text and "10 drafted tokens (auto" in text
+    assert "1.0 ms of drafting" in text
     assert "On a CPU each extra verified token costs real time" in text
     assert "beyond the 4 measured sizes" in text
     fig = step_panels.speed_figure(facts)
