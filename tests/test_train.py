@@ -312,3 +312,25 @@ def test_training_data_from_several_folders(tmp_path, prompt_file):
     # one prompt's greedy and sampled answers fall on the same side of the split
     held_q = {r["key"].split("@")[0] for r in both[1]}
     assert held_q and not held_q & {r["key"].split("@")[0] for r in both[0]}
+
+
+def test_heads_report_reads_the_selected_evaluation(tmp_path):
+    """scripts/heads_report.py: the row shows the selected step's held-out numbers, not
+    the last evaluation's, and an unfinished run is named as such."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "heads_report", Path(__file__).resolve().parents[1] / "scripts" / "heads_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    run = tmp_path / "full-v2-clover"
+    run.mkdir()
+    ev = lambda step, tau, t1: {"step": step, "chain_tau": tau, "head1": {"top1": t1}, "head2": {"top1": t1 / 2}}
+    (run / "training.json").write_text(json.dumps({
+        "config": {"method": "clover"}, "train_conversations": 7665, "steps": 3000, "wall_s": 2400.0,
+        "selected": {"step": 2000, "chain_tau": 1.9}, "evals": [ev(1000, 1.8, 0.5), ev(2000, 1.9, 0.52), ev(3000, 1.85, 0.51)]}))
+    assert report.row(run) == "| full-v2-clover | clover | 7,665 | 3,000 | 40 min | 2,000 | 1.900 | 52.0 / 26.0 |"
+    (tmp_path / "unfinished").mkdir()
+    assert report.main([str(run), str(tmp_path / "unfinished")]) == 0
