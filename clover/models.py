@@ -28,9 +28,19 @@ import torch
 from torch import nn
 
 from clover.cpu_attention import use_gqa_sdpa
-from clover.cpu_linear import choose_layout, use_few_row_linears
+from clover.cpu_linear import choose_layout, few_row_linear, use_few_row_linears
 
 log = logging.getLogger(__name__)
+
+CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0" turns the CPU kernels off
+
+
+def cpu_kernels_wanted(model: nn.Module) -> bool:
+    """The default of :class:`TargetModel`'s ``cpu_kernels`` switch: on for a model on
+    the CPU, unless the environment sets ``CLOVER_CPU_KERNELS=0``."""
+    on = os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    params = next(model.parameters(), None)
+    return on and (params is None or params.device.type == "cpu")
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -125,16 +135,23 @@ class TargetModel:
         hidden_size (D), vocab_size (V), max_context (positions).
         eos_token_ids: ids that end generation.
 
-    The wrapped model is changed in place for speed on a CPU, without changing what it
-    computes: its ``nn.Linear`` layers become ``clover.cpu_linear.FewRowLinear`` and, with
+    The CPU kernels are switched here, once, at load time (``cpu_kernels``; default
+    :func:`cpu_kernels_wanted`: on for a CPU model unless ``CLOVER_CPU_KERNELS=0``). When
+    on, the wrapped model is changed in place for speed without changing what it
+    computes: its ``nn.Linear`` layers become ``clover.cpu_linear.FewRowLinear`` (in the
+    layout :func:`clover.cpu_linear.choose_layout` measured faster here) and, with
     grouped KV heads under SDPA, its attention becomes ``clover.cpu_attention``'s
-    (``config._attn_implementation == "clover_sdpa"``).
+    (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
+    the same linear layers.
     """
 
-    def __init__(self, model, tokenizer, name: str):
-        self.model = use_few_row_linears(model.eval().requires_grad_(False))
-        self.few_row_linears = choose_layout(self.model)  # which layout is faster here
-        use_gqa_sdpa(self.model)
+    def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None):
+        self.model = model.eval().requires_grad_(False)
+        self.cpu_kernels = cpu_kernels_wanted(model) if cpu_kernels is None else bool(cpu_kernels)
+        self.few_row_linears = None  # which linear layout is faster here (None: not used)
+        if self.cpu_kernels:
+            self.few_row_linears = choose_layout(use_few_row_linears(self.model))
+            use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
         self.loaded_from = ""  # set by load_target: "embedded GGUF copy", "hub" or "folder"
@@ -155,6 +172,19 @@ class TargetModel:
         # the final norm's input and output, captured per thread during a forward
         self._captured = threading.local()
         self.final_norm.register_forward_hook(self._capture)
+
+    def adopt(self, heads: nn.Module) -> nn.Module:
+        """Give draft heads this target's CPU kernels (in place; returns ``heads``): with
+        them on, their ``nn.Linear`` layers and vocabulary projection take the linear
+        layout measured faster for the target; off, plain ``F.linear``."""
+        if self.cpu_kernels:
+            use_few_row_linears(heads)
+            for m in heads.modules():
+                if hasattr(m, "few_rows"):
+                    m.few_rows = self.few_row_linears is not False
+        heads.vocab_linear = few_row_linear if self.cpu_kernels and self.few_row_linears is not False \
+            else nn.functional.linear
+        return heads
 
     @functools.cached_property
     def fingerprint(self) -> dict[str, str]:

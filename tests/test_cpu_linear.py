@@ -76,3 +76,42 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     assert torch.allclose(model(x), before, atol=1e-5)
     assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
+
+
+def test_one_switch_for_the_cpu_kernels(monkeypatch):
+    """TargetModel switches the CPU kernels once, at load time (on by default on a CPU,
+    off with CLOVER_CPU_KERNELS=0 or cpu_kernels=False); heads built for a target take its
+    choice and its measured layout, and both settings compute the same logits."""
+    from conftest import tiny_model, tiny_tokenizer
+
+    from clover import Engine, new_heads, parse_tree_spec
+    from clover.models import TargetModel
+
+    def target(**kw):
+        return TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama", **kw)
+
+    on, off = target(), target(cpu_kernels=False)
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "0")
+    assert not target().cpu_kernels
+    monkeypatch.delenv("CLOVER_CPU_KERNELS")
+    assert on.cpu_kernels and not off.cpu_kernels and off.few_row_linears is None
+    assert any(type(m) is FewRowLinear for m in on.model.modules())
+    assert not any(isinstance(m, FewRowLinear) for m in off.model.modules())
+    assert off.config._attn_implementation != "clover_sdpa"
+    ids = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    torch.testing.assert_close(on.model(ids).logits, off.model(ids).logits, atol=1e-5, rtol=1e-4)
+    outs = []
+    for t in (on, off):
+        heads = new_heads("medusa", t, num_heads=2, draft_vocab=[2, 7, 11, 30, 64])
+        linears = [m for m in heads.modules() if isinstance(m, nn.Linear)]
+        if t.cpu_kernels:
+            assert all(type(m) is FewRowLinear and m.few_rows == (t.few_row_linears is not False)
+                       for m in linears)
+            assert heads.vocab_linear is (few_row_linear if t.few_row_linears is not False
+                                          else nn.functional.linear)
+        else:
+            assert all(type(m) is nn.Linear for m in linears) and heads.vocab_linear is nn.functional.linear
+        outs.append(heads(torch.ones(3, t.hidden_size), t))
+        greedy = Engine(t).generate([3, 14, 15], 8).token_ids
+        assert Engine(t, heads, parse_tree_spec("dynamic:budget=4")).generate([3, 14, 15], 8).token_ids == greedy
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)

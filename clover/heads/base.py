@@ -29,7 +29,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from clover.cpu_linear import few_row_linear, use_few_row_linears
 from clover.tree import Tree, TreeConfig, grow_trees, root_only
 
 log = logging.getLogger(__name__)
@@ -321,8 +320,8 @@ class DraftHeads(nn.Module):
 
     @staticmethod
     def build(config: HeadConfig, target) -> "DraftHeads":
-        """Uninitialised heads of ``config.kind`` for ``target``, their linear layers on
-        the few-row CPU path (``clover.cpu_linear``).
+        """Uninitialised heads of ``config.kind`` for ``target``, with the target's CPU
+        kernels where it uses them (``TargetModel.adopt``).
 
         Raises:
             ValueError: when no heads class declares that kind.
@@ -330,7 +329,7 @@ class DraftHeads(nn.Module):
         cls = DraftHeads._classes.get(config.kind)
         if cls is None:
             raise ValueError(f"no heads class implements kind {config.kind!r}")
-        return use_few_row_linears(cls.from_config(config, target))
+        return target.adopt(cls.from_config(config, target))
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -341,6 +340,9 @@ class DraftHeads(nn.Module):
             self.draft_vocab = None
         self._vocab_weight = None  # (V', D) rows of the frozen lm_head, built lazily
         self._vocab_bias = None  # (V',) matching lm_head bias entries, or None
+        # the vocabulary projection's linear: F.linear, or the target's CPU kernel
+        # (``TargetModel.adopt``, which :meth:`build` calls)
+        self.vocab_linear = nn.functional.linear
 
     def set_draft_vocab(self, token_ids) -> None:
         """Choose the V' draft tokens (sorted ids; e.g. the most frequent in the data).
@@ -368,7 +370,7 @@ class DraftHeads(nn.Module):
             bias = getattr(target.lm_head, "bias", None)
             self._vocab_weight = w.detach()[ids]  # (V', D)
             self._vocab_bias = None if bias is None else bias.detach()[ids]  # (V',)
-        return few_row_linear(h, self._vocab_weight, self._vocab_bias)
+        return self.vocab_linear(h, self._vocab_weight, self._vocab_bias)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         self._vocab_weight = None
