@@ -28,10 +28,11 @@ try:  # Hugging Face ZeroGPU: CUDA work must run inside a function decorated by 
 except ImportError:  # everywhere else the plain function runs
     spaces = None
 
-METHODS = ("ar", "lookup", "medusa", "clover")  # to watch; see clover.methods.with_lookup
 # head kinds every model gets (shipped heads, else untrained ones); the other kinds of
 # clover.methods.HEAD_METHODS (Clover-2) join only where trained heads exist for them
 CORE_HEAD_KINDS = ("medusa", "clover")
+# the methods every model offers to watch (the lookup branch: clover.methods.with_lookup)
+METHODS = ("ar", "lookup", *CORE_HEAD_KINDS)
 DEFAULT_MODEL_KEY = "default"
 
 
