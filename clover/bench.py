@@ -317,6 +317,17 @@ def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig
     return results
 
 
+def mark_matches_plain(group: list[RunRecord], temperature: float) -> None:
+    """Greedy exactness of one prompt's (or batch's) runs, whatever order the methods
+    ran in: set each non-plain record's ``matches_plain`` to whether its text equals the
+    plain ("ar") run's; nothing when sampling or without a plain run."""
+    plain = next((x for x in group if x.method == "ar"), None)
+    if temperature == 0 and plain is not None:
+        for x in group:
+            if x.method != "ar":
+                x.matches_plain = x.text == plain.text
+
+
 def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_dir: str | Path,
               cfg: BenchConfig, progress: bool = True, extra_meta: dict | None = None,
               batch_engines: dict[int, dict[str, Engine]] | None = None) -> dict:
@@ -393,12 +404,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 group.append(rec)
                 records.append(rec)
                 bar.update(1)
-            # greedy exactness, whatever order the methods ran in
-            plain = next((x for x in group if x.method == "ar"), None)
-            if cfg.temperature == 0 and plain is not None:
-                for x in group:
-                    if x.method != "ar":
-                        x.matches_plain = x.text == plain.text
+            mark_matches_plain(group, cfg.temperature)
     bar.close()
     mismatches = [f"{x.method} on {x.question_id} (repeat {x.repeat})" for x in records
                   if x.matches_plain is False]
@@ -490,11 +496,7 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
                                                           sampling, seeds=seeds)
                     group.append(batch_record(results, by_method[m], [qids[i] for i in rows], m, r))
                     bar.update(1)
-                plain = next((x for x in group if x.method == "ar"), None)
-                if cfg.temperature == 0 and plain is not None:
-                    for x in group:
-                        if x.method != "ar":
-                            x.matches_plain = x.text == plain.text
+                mark_matches_plain(group, cfg.temperature)
                 records += group
     bar.close()
     mismatches = [f"{x.method} on {x.question_id} (batch size {x.batch_size}, repeat {x.repeat})"

@@ -261,6 +261,22 @@ def grow_recurrent_tree(heads: "DraftHeads", target, tree: TreeConfig, root_toke
     return grow_recurrent_trees(heads, target, tree, [root_token], [root_state], [max_depth])[0]
 
 
+def grow_ready_rows(drafters: Sequence, ready: Sequence[int], roots: Sequence[int],
+                    root_states: Sequence[torch.Tensor], max_depths: Sequence[int]) -> list[Tree]:
+    """A batch's trees for recurrent drafters (Clover, Clover-2) sharing one set of
+    heads: the rows ``ready`` (indices into ``drafters``, each with its (D,) root state in
+    ``root_states``, same order) grow together by :func:`grow_recurrent_trees` with the
+    first ready drafter's heads, target and tree; every other row drafts just its root."""
+    trees = [root_only(r) for r in roots]
+    if ready:
+        first = drafters[ready[0]]
+        grown = grow_recurrent_trees(first.heads, first.target, first.tree, [roots[i] for i in ready],
+                                     list(root_states), [max_depths[i] for i in ready])
+        for i, tree in zip(ready, grown):
+            trees[i] = tree
+    return trees
+
+
 def grow_recurrent_trees(heads: "DraftHeads", target, tree: TreeConfig, roots: Sequence[int],
                          root_states: Sequence[torch.Tensor], max_depths: Sequence[int]) -> list[Tree]:
     """:func:`grow_recurrent_tree` for the rows of a batch at once: the trees grow in lock

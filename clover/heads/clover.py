@@ -27,7 +27,7 @@ import copy
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_recurrent_tree, grow_recurrent_trees
+from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_ready_rows, grow_recurrent_tree
 from clover.models import decoder_layers, final_norm_name
 from clover.tree import Tree, TreeConfig, root_only
 
@@ -308,13 +308,6 @@ class CloverDrafter:
     def draft_many(drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
         """:meth:`draft` for several rows of a batch sharing one set of heads: the trees grow
         together, one head step per depth over every row's nodes
-        (:func:`clover.heads.base.grow_recurrent_trees`)."""
+        (:func:`clover.heads.base.grow_ready_rows`)."""
         ready = [i for i, d in enumerate(drafters) if d.h0 is not None]
-        trees = [root_only(r) for r in roots]
-        if ready:
-            first = drafters[ready[0]]
-            grown = grow_recurrent_trees(first.heads, first.target, first.tree, [roots[i] for i in ready],
-                                         [drafters[i].h0 for i in ready], [max_depths[i] for i in ready])
-            for i, tree in zip(ready, grown):
-                trees[i] = tree
-        return trees
+        return grow_ready_rows(drafters, ready, roots, [drafters[i].h0 for i in ready], max_depths)

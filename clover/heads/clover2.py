@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, grow_recurrent_tree, grow_recurrent_trees
+from clover.heads.base import DraftHeads, HeadConfig, grow_ready_rows, grow_recurrent_tree
 from clover.heads.clover import (AttentionDecoder, build_augmenting_block, copy_last_layer,
                                  run_augmenting_block, run_augmenting_rows)
 from clover.tree import Tree, TreeConfig, root_only
@@ -231,16 +231,9 @@ class Clover2Drafter:
         """:meth:`draft` for several rows of a batch sharing one set of heads: the rows'
         blocks run together over their waiting positions (:meth:`_context_many`), then the
         trees grow together, one ``step`` per depth over every row's nodes
-        (:func:`clover.heads.base.grow_recurrent_trees`)."""
+        (:func:`clover.heads.base.grow_ready_rows`)."""
         waiting = [i for i, d in enumerate(drafters) if max_depths[i] > 0 and d.waiting is not None]
         if len(waiting) > 1:  # their blocks run together; _ready then finds nothing waiting
             Clover2Drafter._context_many([drafters[i] for i in waiting], [roots[i] for i in waiting])
         ready = [i for i, d in enumerate(drafters) if d._ready(roots[i], max_depths[i])]
-        trees = [root_only(r) for r in roots]
-        if ready:
-            first = drafters[ready[0]]
-            grown = grow_recurrent_trees(first.heads, first.target, first.tree, [roots[i] for i in ready],
-                                         [drafters[i].z for i in ready], [max_depths[i] for i in ready])
-            for i, tree in zip(ready, grown):
-                trees[i] = tree
-        return trees
+        return grow_ready_rows(drafters, ready, roots, [drafters[i].z for i in ready], max_depths)
