@@ -392,7 +392,6 @@ class HybridDrafter:
         self.draft_ms = [0.0, 0]  # ms, drafts
         self.last_heads: Tree | None = None  # the heads' own tree of the last step
         self.accepted: list[int] = []  # the drafts accepted in the last step
-        self._last_n = 0  # the match length of the last step's chain
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
@@ -418,8 +417,9 @@ class HybridDrafter:
         self._record_heads(tree, (time.perf_counter() - t) * 1e3)
         return tree
 
-    def _plan(self, root_token: int, max_depth: int) -> tuple[bool, list[int], float]:
-        """This step's plan: (draft the heads?, the lookup tokens to draft, their rate);
+    def _plan(self, root_token: int, max_depth: int) -> tuple[bool, list[int], float, int]:
+        """This step's plan: (draft the heads?, the lookup tokens to draft, their rate,
+        their match length);
         scores the heads' last tree and records what lookup drafts (``commit``)."""
         if self.last_heads is not None:  # what the heads alone would have had accepted
             self.gain[0] += self.last_heads.matched_path(self.accepted + [int(root_token)])
@@ -427,16 +427,16 @@ class HybridDrafter:
             self.last_heads = None
         chain, n = self.lookup.candidates(root_token, max_depth)
         rate = self.lookup.rate(n) if chain else 0.0
-        self._last_n = n
         if not self.costs:  # no cost curve: the chain shares the heads' budget (see _merge)
-            return True, chain[:self.budget], rate
+            return True, chain[:self.budget], rate, n
         use_heads, length = plan_step(
             self.costs, rate, len(chain), self.gain[0] / self.gain[1],
             self.nodes[0] / self.nodes[1], self.draft_ms[0] / max(self.draft_ms[1], 1))
         self.lookup.commit(chain, n, length)
-        return use_heads, chain[:length], rate
+        return use_heads, chain[:length], rate, n
 
-    def _merge(self, root_token: int, heads_tree: Tree | None, chain: list[int], rate: float) -> Tree:
+    def _merge(self, root_token: int, heads_tree: Tree | None, chain: list[int], rate: float,
+               n: int) -> Tree:
         """The step's tree from the heads' tree (None: not drafted) and the lookup chain."""
         if heads_tree is None:
             return chain_tree(root_token, chain, rate)
@@ -444,14 +444,14 @@ class HybridDrafter:
             return heads_tree
         if not self.costs:
             merged = merge_branch(heads_tree, chain, rate, max(self.budget, len(heads_tree) - 1))
-            self.lookup.commit(chain, self._last_n, merged.matched_path(chain))
+            self.lookup.commit(chain, n, merged.matched_path(chain))
             return merged
         return merge_branch(heads_tree, chain, rate, len(heads_tree) - 1 + len(chain))
 
     def draft(self, root_token: int, max_depth: int) -> Tree:
-        use_heads, chain, rate = self._plan(root_token, max_depth)
+        use_heads, chain, rate, n = self._plan(root_token, max_depth)
         tree = self._heads(root_token, max_depth) if use_heads else None
-        return self._merge(root_token, tree, chain, rate)
+        return self._merge(root_token, tree, chain, rate, n)
 
     @staticmethod
     def draft_many(drafters: list["HybridDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
@@ -460,7 +460,7 @@ class HybridDrafter:
         together (their inner class's ``draft_many`` where it has one, the drafting time
         shared evenly between them), then each row merges its own lookup chain."""
         plans = [d._plan(r, m) for d, r, m in zip(drafters, roots, max_depths)]
-        rows = [i for i, (use_heads, _, _) in enumerate(plans) if use_heads]
+        rows = [i for i, plan in enumerate(plans) if plan[0]]
         trees: list[Tree | None] = [None] * len(drafters)
         if rows:
             inner = [drafters[i].inner for i in rows]
@@ -474,5 +474,5 @@ class HybridDrafter:
             for i, tree in zip(rows, grown):
                 drafters[i]._record_heads(tree, ms)
                 trees[i] = tree
-        return [d._merge(r, tree, chain, rate)
-                for d, r, tree, (_, chain, rate) in zip(drafters, roots, trees, plans)]
+        return [d._merge(r, tree, chain, rate, n)
+                for d, r, tree, (_, chain, rate, n) in zip(drafters, roots, trees, plans)]
