@@ -432,7 +432,7 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                 allow_custom_value=True, label="Tree budget (drafted tokens per step)",
                 info="auto (sized to this machine at start-up; may be off when no tree "
                      "beats plain decoding), a number, off, or a spec: "
-                     "dynamic:budget=12,topk=4 · small · [[0],[1],[0,0]]")
+                     "dynamic:budget=12,branching=4 · small · [[0],[1],[0,0]]")
             compare = gr.Checkbox(
                 value=True, label="Compare with the other methods",
                 info="Runs plain decoding, prompt lookup and the other head type "

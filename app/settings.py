@@ -24,7 +24,7 @@ def auto_tree() -> TreeConfig:
 
 def tree_config(choice) -> TreeConfig:
     """A tree from the budget setting: "auto", a node budget (e.g. "10"), or any
-    ``clover.parse_tree_spec`` spec ("dynamic:budget=12,topk=4", "small", "[[0],[1]]").
+    ``clover.parse_tree_spec`` spec ("dynamic:budget=12,branching=4", "small", "[[0],[1]]").
 
     Raises:
         ValueError: with a message for the visitor.
@@ -39,13 +39,13 @@ def tree_config(choice) -> TreeConfig:
     else:
         if not budget.is_integer() or not 1 <= budget <= 256:
             raise ValueError(f"the tree budget must be a whole number from 1 to 256, got {text}")
-        return TreeConfig(kind="dynamic", budget=int(budget), topk=3)
+        return TreeConfig(kind="dynamic", budget=int(budget), branching=3)
     try:
         return parse_tree_spec(text)
     except ValueError as e:
         raise ValueError(f"the tree setting {text!r} is not understood ({e}); use auto, a "
                          "number of drafted nodes such as 10, or a spec such as "
-                         "dynamic:budget=12,topk=4") from None
+                         "dynamic:budget=12,branching=4") from None
 
 
 def parse_chat(text: str) -> str | list[dict]:

@@ -35,7 +35,7 @@ from clover.cache import crop_cache, new_cache
 from clover.engine import Engine, verify_inputs
 from clover.heads.base import draft_rows
 from clover.models import encode_prompt
-from clover.tree import Tree, TreeConfig, root_only
+from clover.tree import Tree, TreeConfig, best_by_joint, root_only
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,7 @@ def budget_subtree(tree: Tree, budget: int) -> set[int]:
     """Node ids of the root and the best ``budget`` drafted nodes by joint draft
     probability (ties: shallower, then earlier); a subtree, since a node's joint
     probability never exceeds its parent's."""
-    joint = [1.0] * len(tree)
-    for i in range(1, len(tree)):
-        joint[i] = joint[tree.parents[i]] * tree.draft_probs[i]
-    order = sorted(range(1, len(tree)), key=lambda i: (-joint[i], tree.depths[i], i))
-    return {0, *order[:budget]}
+    return {0, *best_by_joint(tree.joint_probs(), tree.depths, budget)}
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -106,9 +102,9 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def pool_size(tree: TreeConfig, depth: int) -> int:
-    """Most drafted nodes a dynamic tree can hold: ``topk`` children of the root, then
-    ``topk`` children of each of the ``topk`` frontier nodes per further depth."""
-    return tree.topk + max(0, depth - 1) * tree.topk ** 2
+    """Most drafted nodes a dynamic tree can hold: ``branching`` children of the root, then
+    ``branching`` children of each of the ``branching`` frontier nodes per further depth."""
+    return tree.branching + max(0, depth - 1) * tree.branching ** 2
 
 
 def verify_once(target, cache, prefix_len: int, tree: Tree, batch_size: int = 1):

@@ -31,7 +31,7 @@ import torch
 from clover.acceptance import SamplingConfig
 from clover.engine import Engine
 from clover.methods import ALL_METHODS, METHOD_COLORS
-from clover.prompts import interleave_categories, read_prompts
+from clover.training.prompts import interleave_categories, read_prompts
 from clover.trace import GenerationResult, acceptance_rates
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="typical is Medusa's typical acceptance: faster but LOSSY")
     g.add_argument("--tree", default="auto",
                    help="'auto' (default: size a dynamic tree to this machine), 'dynamic', "
-                        "'dynamic:budget=N,topk=K', a preset (chain2, chain3, small, medium) "
+                        "'dynamic:budget=N,branching=K', a preset (chain2, chain3, small, medium) "
                         "or JSON paths like '[[0],[1],[0,0]]'")
     g.add_argument("--recalibrate", action="store_true", help=RECALIBRATE_HELP)
     g.add_argument("--num-heads", type=_positive_int, default=3,
@@ -222,7 +222,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from clover.data import DataConfig, build_dataset
+    from clover.training.data import DataConfig, build_dataset
     from clover.models import load_target
 
     try:
@@ -237,7 +237,7 @@ def cmd_data(args) -> int:
     if not args.speed_check and not args.out:
         raise ValueError("give --out (the data folder) or --speed-check N")
     if args.speed_check:
-        from clover.data import measure_speed
+        from clover.training.data import measure_speed
 
         print(json.dumps(measure_speed(target, prompts, args.speed_check,
                                        max_new_tokens=args.max_new_tokens,
@@ -250,9 +250,9 @@ def cmd_data(args) -> int:
 
 
 def cmd_text_data(args) -> int:
-    from clover.data import build_text_dataset
+    from clover.training.data import build_text_dataset
     from clover.models import load_target
-    from clover.prompts import stdlib_docs
+    from clover.training.prompts import stdlib_docs
 
     texts = stdlib_docs()[: args.max_texts]
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
@@ -265,7 +265,7 @@ def cmd_text_data(args) -> int:
 def cmd_prompts(args) -> int:
     from pathlib import Path
 
-    from clover.prompts import build_prompt_mix, magpie_prompts
+    from clover.training.prompts import build_prompt_mix, magpie_prompts
 
     exclude = args.exclude
     if exclude is None:
@@ -296,7 +296,7 @@ def cmd_train(args) -> int:
     from dataclasses import replace
 
     from clover.models import load_target
-    from clover.train import TrainConfig, preset, train
+    from clover.training.train import TrainConfig, preset, train
 
     overrides = {k: getattr(args, k) for k in ("num_heads", "steps", "batch_size", "positions", "lr",
                                                "decay", "hidden_weight", "eval_every", "save_every",

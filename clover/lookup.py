@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from clover.tree import Tree, root_only
+from clover.tree import Tree, best_by_joint, joint_probs, root_only
 
 PREFER = ("latest", "earliest", "longest")
 LOOKUP = "lookup"  # the node source of lookup tokens; "head" for the heads', "both" for shared
@@ -310,13 +310,6 @@ def plan_step(costs: Sequence[float], rate: float, chain_len: int, head_gain: fl
     return plan
 
 
-def _joint(tree_parents: list[int], probs: list[float]) -> list[float]:
-    joint = [1.0] * len(probs)
-    for i in range(1, len(probs)):
-        joint[i] = joint[tree_parents[i]] * probs[i]
-    return joint
-
-
 def merge_branch(tree: Tree, chain: Sequence[int], prob: float, budget: int) -> Tree:
     """The heads' ``tree`` with a lookup ``chain`` added as a branch from its root.
 
@@ -359,9 +352,7 @@ def merge_branch(tree: Tree, chain: Sequence[int], prob: float, budget: int) -> 
         node = new
     keep = list(range(len(tokens)))
     if len(tokens) - 1 > budget:
-        joint = _joint(parents, probs)
-        ranked = sorted(range(1, len(tokens)), key=lambda i: (-joint[i], depths[i], i))
-        keep = [0] + sorted(ranked[:budget])
+        keep = [0] + sorted(best_by_joint(joint_probs(parents, probs), depths, budget))
     order = sorted(keep, key=lambda i: (depths[i], i))  # breadth-first, parents first
     new_id = {old: k for k, old in enumerate(order)}
     return Tree(torch.tensor([tokens[i] for i in order]),

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from clover.cpu_attention import use_gqa_sdpa
-from clover.cpu_linear import choose_layout, few_row_linear, use_few_row_linears
+from clover.kernels.attention import use_gqa_sdpa
+from clover.kernels.linear import choose_layout, few_row_linear, use_few_row_linears
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +138,9 @@ class TargetModel:
     The CPU kernels are switched here, once, at load time (``cpu_kernels``; default
     :func:`cpu_kernels_wanted`: on for a CPU model unless ``CLOVER_CPU_KERNELS=0``). When
     on, the wrapped model is changed in place for speed without changing what it
-    computes: its ``nn.Linear`` layers become ``clover.cpu_linear.FewRowLinear`` (in the
-    layout :func:`clover.cpu_linear.choose_layout` measured faster here) and, with
-    grouped KV heads under SDPA, its attention becomes ``clover.cpu_attention``'s
+    computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
+    layout :func:`clover.kernels.linear.choose_layout` measured faster here) and, with
+    grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
     (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
     the same linear layers.
     """
@@ -539,6 +539,21 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
         ids += tokenizer(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
     ids += tokenizer(text, add_special_tokens=False)["input_ids"]
     return [int(i) for i in ids]
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to the start of a user message (the prompt of
+    Magpie, arXiv 2406.08464, which lets the target write the user's message).
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("Magpie prompts need a chat template")
+    sentinel = "\u2063MAGPIE\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
+                                         add_generation_prompt=False)
+    return tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"]
 
 
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:

@@ -13,7 +13,7 @@ Two ways to grow a tree, both driven by an ``expand`` callback that a drafter su
   ``(r1, ..., rd)`` is the node reached by taking the r1-th most likely child of the
   root, then the r2-th most likely child of that node, and so on.
 * dynamic: expand each frontier node's top-k children, score every node by its joint
-  draft probability (product along the path), keep the ``topk`` best nodes per depth as
+  draft probability (product along the path), keep the ``branching`` best nodes per depth as
   the next frontier and the ``budget`` best nodes overall (EAGLE-2, arXiv 2406.16858
   §4; Clover-1's sampler adds a per-head top-p and a floor relative to the best token).
 """
@@ -37,8 +37,12 @@ ExpandFn = Callable[[int, list[int], list[int], list[int]], torch.Tensor]
 # forward costs ~14% of a plain step per extra node on a 2-core CPU, so trees far below
 # these pay; the bounds only stop requests that would stall a shared server.
 MAX_TREE_NODES = 256
-MAX_TOPK = 64
+MAX_BRANCHING = 64
 MAX_TREE_DEPTH = 64
+
+# the older spellings of dynamic tree spec keys (results files and commands written before
+# the rename), read as the current ones
+SPEC_ALIASES = {"topk": "branching", "top_p": "branch_p"}
 
 STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
     "chain2": ((0,), (0, 0)),
@@ -58,7 +62,7 @@ class TreeConfig:
     """How to grow the candidate tree each step.
 
     Every form is bounded here, before any model work, whoever builds it (CLI, app, API,
-    library): at most :data:`MAX_TREE_NODES` drafted nodes, :data:`MAX_TOPK` children per
+    library): at most :data:`MAX_TREE_NODES` drafted nodes, :data:`MAX_BRANCHING` children per
     node and :data:`MAX_TREE_DEPTH` levels; ``ValueError`` otherwise.
 
     Attributes:
@@ -67,10 +71,12 @@ class TreeConfig:
             chooses when no tree beats plain decoding on this machine).
         paths: static tree, Medusa's format (tuples of child ranks, 0 = most likely).
         budget: dynamic tree: drafted nodes kept, root excluded (N - 1).
-        topk: dynamic tree: children proposed per expanded node, and nodes expanded per
-            depth.
-        top_p: dynamic tree: per-head nucleus; a node's children are cut once their
-            cumulative draft probability reaches ``top_p``.
+        branching: dynamic tree: children proposed per expanded node, and nodes expanded
+            per depth (EAGLE-2's top-k; named apart from the target's sampling
+            ``SamplingConfig.top_k``, which it has nothing to do with).
+        branch_p: dynamic tree: the draft side's nucleus; a node's children are cut once
+            their cumulative draft probability reaches ``branch_p`` (not the target's
+            ``SamplingConfig.top_p``).
         min_ratio: dynamic tree: a child is dropped when its draft probability is below
             ``min_ratio`` times its best sibling's.
         max_depth: deepest drafted level; None means one level per draft head.
@@ -81,8 +87,8 @@ class TreeConfig:
     kind: str = "dynamic"
     paths: tuple[tuple[int, ...], ...] = ()
     budget: int = 10
-    topk: int = 3
-    top_p: float = 0.95
+    branching: int = 3
+    branch_p: float = 0.95
     min_ratio: float = 0.02
     max_depth: int | None = None
     auto: bool = False
@@ -97,10 +103,10 @@ class TreeConfig:
         elif self.kind == "dynamic":
             if not 1 <= self.budget <= MAX_TREE_NODES:
                 raise ValueError(f"tree budget must be in [1, {MAX_TREE_NODES}], got {self.budget}")
-            if not 1 <= self.topk <= MAX_TOPK:
-                raise ValueError(f"tree topk must be in [1, {MAX_TOPK}], got {self.topk}")
-            if not 0.0 < self.top_p <= 1.0:
-                raise ValueError(f"tree top_p must be in (0, 1], got {self.top_p}")
+            if not 1 <= self.branching <= MAX_BRANCHING:
+                raise ValueError(f"tree branching must be in [1, {MAX_BRANCHING}], got {self.branching}")
+            if not 0.0 < self.branch_p <= 1.0:
+                raise ValueError(f"tree branch_p must be in (0, 1], got {self.branch_p}")
             if not 0.0 <= self.min_ratio < 1.0:
                 raise ValueError(f"tree min_ratio must be in [0, 1), got {self.min_ratio}")
         if self.max_depth is not None and not 1 <= self.max_depth <= MAX_TREE_DEPTH:
@@ -136,8 +142,8 @@ def validate_paths(paths) -> None:
             raise ValueError(f"tree path must be a non-empty list of ranks, got {p!r}")
         if len(p) > MAX_TREE_DEPTH:
             raise ValueError(f"tree paths may be at most {MAX_TREE_DEPTH} deep, got {len(p)}")
-        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_TOPK for r in p):
-            raise ValueError(f"tree path ranks must be integers in [0, {MAX_TOPK}), got {list(p)}")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_BRANCHING for r in p):
+            raise ValueError(f"tree path ranks must be integers in [0, {MAX_BRANCHING}), got {list(p)}")
         seen.add(tuple(p))
     for p in seen:
         if len(p) > 1 and p[:-1] not in seen:
@@ -151,7 +157,7 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
 
     Accepted forms: ``"auto"`` (a dynamic tree sized when the engine is built),
     ``"off"`` (draft nothing),
-    ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,topk=4"``
+    ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,branching=4"``
     (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`
     (exact key), or a JSON path list such as ``"[[0],[1],[0,0]]"``.
 
@@ -178,10 +184,10 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
         return TreeConfig(kind="static", paths=tuple(tuple(p) for p in paths))
     if spec.startswith("dynamic:"):
         kwargs = {}
-        types = {"budget": int, "topk": int, "top_p": float, "min_ratio": float, "max_depth": int}
+        types = {"budget": int, "branching": int, "branch_p": float, "min_ratio": float, "max_depth": int}
         for item in spec[len("dynamic:"):].split(","):
             key, eq, value = item.partition("=")
-            key = key.strip()
+            key = SPEC_ALIASES.get(key.strip(), key.strip())
             if not eq or key not in types:
                 raise ValueError(
                     f"bad dynamic tree option {item!r}; use key=value with keys {sorted(types)}"
@@ -192,7 +198,7 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
                 raise ValueError(f"tree option {key} must be a {types[key].__name__}, got {value!r}") from None
         return TreeConfig(kind="dynamic", **kwargs)
     raise ValueError(
-        f"unknown tree spec {spec!r}: use 'auto', 'dynamic', 'dynamic:budget=N,topk=K', "
+        f"unknown tree spec {spec!r}: use 'auto', 'dynamic', 'dynamic:budget=N,branching=K', "
         f"a JSON path list like '[[0],[1],[0,0]]', or one of {sorted(STATIC_TREES)}"
     )
 
@@ -230,6 +236,10 @@ class Tree:
             k.sort(key=lambda i: -self.draft_probs[i])
         return kids
 
+    def joint_probs(self) -> list[float]:
+        """Joint draft probability per node (:func:`joint_probs`)."""
+        return joint_probs(self.parents, self.draft_probs)
+
     def matched_path(self, tokens: Sequence[int], keep: Container[int] | None = None) -> int:
         """How many leading ``tokens`` the tree holds as a path from the root (only
         through nodes in ``keep``, node ids, when given): under greedy decoding with the
@@ -243,6 +253,26 @@ class Tree:
                 break
             n += 1
         return n
+
+
+def joint_probs(parents: Sequence[int], draft_probs: Sequence[float]) -> list[float]:
+    """Joint draft probability per node (the product of the conditional draft
+    probabilities on its root path; 1.0 for the root). Parents come before children."""
+    joint = [1.0] * len(draft_probs)
+    for i in range(1, len(draft_probs)):
+        joint[i] = joint[parents[i]] * draft_probs[i]
+    return joint
+
+
+def best_by_joint(joint: Sequence[float], depths: Sequence[int], n: int) -> list[int]:
+    """Ids of the ``n`` best drafted nodes (node 0, the root, is never ranked) by joint
+    draft probability, best first; ties go to the shallower, then the earlier node.
+
+    A node's joint probability never exceeds its parent's, so the root plus any such
+    prefix of the ranking is a subtree: the one rule behind the dynamic tree's budget,
+    the auto tree's budget sweep and the lookup branch's merge.
+    """
+    return sorted(range(1, len(joint)), key=lambda i: (-joint[i], depths[i], i))[:max(n, 0)]
 
 
 def root_only(root_token: int, device: torch.device | str = "cpu") -> Tree:
@@ -398,9 +428,9 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
                    vocab: torch.Tensor | None = None) -> Growth:
     """Grow a dynamic tree by joint draft probability (EAGLE-2 style, Clover-1 sampler).
 
-    Per depth: expand the frontier (at most ``cfg.topk`` nodes), propose each node's top
-    ``cfg.topk`` children that survive the top-p cut and the ``min_ratio`` floor, score
-    them by joint probability; the ``cfg.topk`` best become the next frontier. At the end
+    Per depth: expand the frontier (at most ``cfg.branching`` nodes), propose each node's top
+    ``cfg.branching`` children that survive the top-p cut and the ``min_ratio`` floor, score
+    them by joint probability; the ``cfg.branching`` best become the next frontier. At the end
     keep the ``cfg.budget`` best nodes overall. A child's joint probability never
     exceeds its parent's, and ties are broken by depth, so the kept set is a tree; for
     the same reason the growth stops early once ``cfg.budget`` nodes beat the whole
@@ -416,19 +446,20 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
                 sorted(c[0] for c in pool)[-cfg.budget] >= max(f[3] for f in frontier):
             break  # no deeper node can beat the kept ones: the same tree, fewer head calls
         dist = yield d, [f[0] for f in frontier], [f[1] for f in frontier], [f[2] for f in frontier]  # (n, V)
-        top_p, top_t = _top(dist, min(cfg.topk, dist.shape[-1]), vocab)
+        top_p, top_t = _top(dist, min(cfg.branching, dist.shape[-1]), vocab)
         level = []
         for (pid, _, _, joint), ps, ts in zip(frontier, top_p, top_t):
             cum = 0.0
             for j, (p, t) in enumerate(zip(ps, ts)):
-                if j > 0 and (cum >= cfg.top_p or p < cfg.min_ratio * ps[0]):
+                if j > 0 and (cum >= cfg.branch_p or p < cfg.min_ratio * ps[0]):
                     break
                 cum += p
                 level.append((joint * p, d + 1, len(pool) + 1, t, pid, p))
                 pool.append(level[-1])
         level.sort(key=lambda c: -c[0])
-        frontier = [(c[2], c[4], c[3], c[0]) for c in level[: cfg.topk]]
-    kept = sorted(pool, key=lambda c: (-c[0], c[1], c[2]))[: cfg.budget]
+        frontier = [(c[2], c[4], c[3], c[0]) for c in level[: cfg.branching]]
+    kept = [pool[i - 1] for i in best_by_joint([1.0] + [c[0] for c in pool], [0] + [c[1] for c in pool],
+                                               cfg.budget)]  # pool entry i - 1 has id i
     # re-index breadth first, siblings by draft probability
     kept.sort(key=lambda c: (c[1], -c[0]))
     new_id = {0: 0}

@@ -136,7 +136,7 @@ def step_costs(device: str, dry: bool) -> dict:
     from clover import new_heads
     from clover.autotree import time_forward
     from clover.cache import new_cache
-    from clover.tree import Tree, TreeConfig
+    from clover.tree import TreeConfig
 
     dtype = torch.float32 if dry else torch.bfloat16  # the app's dtype on each device
     target = random_target(device, dtype, dry)
@@ -154,7 +154,7 @@ def step_costs(device: str, dry: bool) -> dict:
                                  new_cache(target.config), last_only=True)
         per = {}
         for b in budgets:
-            drafter = heads.drafter(target, TreeConfig(budget=b, topk=max(3, min(8, b))))
+            drafter = heads.drafter(target, TreeConfig(budget=b, branching=max(3, min(8, b))))
             with torch.inference_mode():
                 drafter.observe(out.hidden_pre, out.hidden_post, ids[0].tolist())
                 per[b] = timed(lambda: drafter.draft(int(ids[0, -1]), 3), device, repeats)

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     import torch
 
     from clover import Engine, load_target
-    from clover.prompts import interleave_categories, read_prompts
+    from clover.training.prompts import interleave_categories, read_prompts
     from clover.lookup import PREFER, LookupConfig
     from clover.models import encode_prompt
 

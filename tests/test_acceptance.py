@@ -112,7 +112,7 @@ def test_speculative_sampling_matches_target_distribution(cfg):
     probs = exact_two_token_joint(target, prompt, cfg)
     n = 2500
     scripted = Engine(target, ScriptedHeads(target, random_tree_fn(V, seed=1, depth=2, branching=4)))
-    clover = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=6,topk=3"))
+    clover = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=6,branching=3"))
     plain = Engine(target)
     for engine in (plain, scripted, clover):
         counts = draw_pairs(engine, prompt, cfg, n)

@@ -17,9 +17,9 @@ def test_budget_subtree_equals_growing_with_that_budget():
         g = torch.Generator().manual_seed(depth * 1000 + sum(tokens))
         return torch.softmax(3 * torch.randn(len(ids), 30, generator=g), -1)
 
-    big = grow_dynamic(0, TreeConfig(budget=40, topk=3), expand, 4)
+    big = grow_dynamic(0, TreeConfig(budget=40, branching=3), expand, 4)
     for b in (1, 3, 7, 15):
-        small = grow_dynamic(0, TreeConfig(budget=b, topk=3), expand, 4)
+        small = grow_dynamic(0, TreeConfig(budget=b, branching=3), expand, 4)
         keep = budget_subtree(big, b)
         paths_big = {path_tokens(big, i) for i in keep}
         paths_small = {path_tokens(small, i) for i in range(len(small))}
@@ -39,7 +39,7 @@ def test_auto_tree_on_a_tiny_model(tmp_path):
     target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
     heads = perturb(new_heads("clover", target), 0.1)
     cfg, report = auto_tree(target, heads, budgets=(1, 4, 16, 64), tokens=8, repeats=1, prefix_len=16)
-    # 64 is beyond the tree's pool (3 + 2 * 9 = 21 nodes for topk 3, 3 heads): tried as 21
+    # 64 is beyond the tree's pool (3 + 2 * 9 = 21 nodes for branching 3, 3 heads): tried as 21
     assert report.budgets == [1, 4, 16, 21] and pool_size(TreeConfig(), 3) == 21
     assert all(n <= b for n, b in zip(report.nodes, report.budgets)) and report.nodes[0] == 1
     assert len(report.tau) == 4 and all(t >= 1.0 for t in report.tau)

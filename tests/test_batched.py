@@ -9,7 +9,6 @@ the target's distribution.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from clover.engine import prefill_inputs, verify_inputs
 from clover.heads.base import DraftHeads, HeadConfig, PlainDrafter, draft_rows
 from clover.lookup import LookupConfig
 from clover.tree import Tree
-from conftest import oracle_tree_fn, perturb, random_tree_fn, tiny_target
+from conftest import oracle_tree_fn, perturb, tiny_target
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
 
 ARCHS = ["llama", "qwen2", "gpt2"]
@@ -74,11 +73,11 @@ def engines(target, refs, prompts) -> dict[str, Engine]:
     out = {"ar": Engine(target), "lookup": Engine(target, lookup=LookupConfig(max_tokens=4))}
     for kind in ("medusa", "clover", "clover2"):
         heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
-        out[kind] = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+        out[kind] = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=3"))
     out["clover+lookup"] = Engine(target, out["clover"].heads, parse_tree_spec("small"),
                                   lookup=LookupConfig(max_tokens=4))
     # sized per step on a cost curve: each row picks heads, lookup or both (plan_step)
-    out["medusa+lookup"] = Engine(target, out["medusa"].heads, parse_tree_spec("dynamic:budget=2,topk=2"),
+    out["medusa+lookup"] = Engine(target, out["medusa"].heads, parse_tree_spec("dynamic:budget=2,branching=2"),
                                   lookup=LookupConfig(max_tokens=4, costs=(10.0, 10.5, 11.0, 12.0, 13.0)))
     sequences = [p + r for p, r in zip(prompts, refs)]
     out["oracle"] = Engine(target, OracleHeads(target, sequences))
@@ -146,7 +145,7 @@ def test_stop_strings_per_row():
 def test_batch_of_one_is_the_unbatched_engine():
     target = tiny_target("qwen2")
     heads = perturb(new_heads("clover", target), 0.2)
-    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=3"))
     prompt = batch_prompts(target.vocab_size)[2]
 
     def record(result):
@@ -198,7 +197,7 @@ def test_sampling_keeps_the_target_distribution_in_a_batch():
         def generate(self, p, n, sampling):
             return self.engine.generate_batch([others[0], p, others[1]], n, sampling)[1]
 
-    engine = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=6,topk=3"))
+    engine = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=6,branching=3"))
     counts = draw_pairs(Row1(engine), prompt, cfg, 2000)
     assert pooled_pvalue(counts, probs) > 1e-3
     runs = [engine.generate_batch([others[0], prompt], 2, SamplingConfig(temperature=1.0, seed=s))
@@ -322,7 +321,7 @@ def test_medusa_rows_draft_together():
     trees are the ones it drafts alone."""
     target = tiny_target("llama")
     heads = perturb(new_heads("medusa", target, num_heads=3), scale=0.2, seed=1)
-    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=3"))
     prompts = batch_prompts(target.vocab_size)[:4]
     calls = []
     hook = heads.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
@@ -347,7 +346,7 @@ def test_hybrid_rows_draft_their_heads_together():
     trees are the ones it drafts alone."""
     target = tiny_target("llama")
     heads = perturb(new_heads("medusa", target, num_heads=3), scale=0.2, seed=1)
-    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=4,topk=2"), lookup=LookupConfig(max_tokens=3))
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=4,branching=2"), lookup=LookupConfig(max_tokens=3))
     prompts = [p + p[:4] for p in batch_prompts(target.vocab_size)[:4]]  # repeats for lookup to find
     calls = []
     hook = heads.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
@@ -374,7 +373,7 @@ def test_recurrent_rows_grow_their_trees_together(kind):
     are the ones it grows alone."""
     target = tiny_target("qwen2")
     heads = perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=1)
-    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3"))
+    engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=3"))
     prompts = batch_prompts(target.vocab_size)[:4]
     calls = []
     real = heads.step

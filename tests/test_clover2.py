@@ -120,7 +120,7 @@ def test_speculative_sampling_keeps_the_target_distribution():
         target.lm_head.weight.mul_(0.25)
     prompt = [3, 1, 4, 1, 5]
     engine = Engine(target, perturb(new_heads("clover2", target), 0.3),
-                    parse_tree_spec("dynamic:budget=6,topk=3"))
+                    parse_tree_spec("dynamic:budget=6,branching=3"))
     counts = draw_pairs(engine, prompt, cfg, 2500)
     assert pooled_pvalue(counts, exact_two_token_joint(target, prompt, cfg)) > 1e-3
 
@@ -218,7 +218,7 @@ def same_drafts(a, b, target):
             rb, lb = b.step(rb, toks, k, target)
             assert torch.equal(la, lb), k
     prompt = prompts(96)[3]
-    tree = parse_tree_spec("dynamic:budget=12,topk=3")
+    tree = parse_tree_spec("dynamic:budget=12,branching=3")
     assert [s.nodes for s in Engine(target, a, tree).generate(prompt, 10).steps] == \
         [s.nodes for s in Engine(target, b, tree).generate(prompt, 10).steps]
 

@@ -4,7 +4,7 @@ import types
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from clover.cpu_attention import NAME, gqa_sdpa_attention
+from clover.kernels.attention import NAME, gqa_sdpa_attention
 from clover.tree import tree_mask
 from conftest import tiny_target
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from clover.cpu_linear import MAX_ROWS, FewRowLinear, few_row_linear, use_few_row_linears
+from clover.kernels.linear import MAX_ROWS, FewRowLinear, few_row_linear, use_few_row_linears
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, MAX_ROWS, MAX_ROWS + 1, 40])
@@ -64,7 +64,7 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     import torch
     from torch import nn
 
-    from clover.cpu_linear import FewRowLinear, choose_layout, use_few_row_linears
+    from clover.kernels.linear import FewRowLinear, choose_layout, use_few_row_linears
 
     torch.manual_seed(0)
     model = use_few_row_linears(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64)))

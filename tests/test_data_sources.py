@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from clover import Engine
-from clover.batchgen import Request, generate_batch, generate_many
-from clover.data import DataConfig, build_dataset, read_prompts, read_records
-from clover.prompts import (OverlapFilter, build_prompt_mix, is_english, iter_json_array, magpie_prompts,
+from clover.training.batchgen import Request, generate_batch, generate_many
+from clover.training.data import DataConfig, build_dataset, read_prompts, read_records
+from clover.training.prompts import (OverlapFilter, build_prompt_mix, is_english, iter_json_array, magpie_prompts,
                             overlap_filter, sharegpt_turns)
-from clover.train import target_hidden
+from clover.training.hidden_cache import target_hidden
 from conftest import tiny_target
 
 
@@ -71,14 +71,14 @@ def test_overlap_filter_drops_planted_near_duplicates():
 
 
 def test_prompt_mix_writes_sharegpt_by_reference(tmp_path, monkeypatch):
-    import clover.data
-    import clover.prompts
+    import clover.training.data
+    import clover.training.prompts
 
     secret = {"sharegpt:x_0": ["A private question about gardening tomatoes?"],
               "sharegpt:y_0": ["What is the capital of France?", "And of Spain?"]}
-    monkeypatch.setattr(clover.prompts, "sharegpt_turns", lambda *a, **k: dict(secret))
-    monkeypatch.setattr(clover.prompts, "sharegpt_licence", lambda: "none declared")
-    monkeypatch.setattr(clover.prompts, "_SHAREGPT", dict(secret))
+    monkeypatch.setattr(clover.training.prompts, "sharegpt_turns", lambda *a, **k: dict(secret))
+    monkeypatch.setattr(clover.training.prompts, "sharegpt_licence", lambda: "none declared")
+    monkeypatch.setattr(clover.training.prompts, "_SHAREGPT", dict(secret))
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"question_id": 9, "turns": ["What is the capital of France?"]}) + "\n")
     magpie = [{"question_id": "magpie:0:1", "category": "magpie", "turns": ["Tell me a fun fact about owls."]}]
@@ -91,7 +91,7 @@ def test_prompt_mix_writes_sharegpt_by_reference(tmp_path, monkeypatch):
 
     target = tiny_target("llama", eos=1)
     # the tiny tokenizer knows words t0..t95: give the ShareGPT prompt such words
-    monkeypatch.setattr(clover.prompts, "_SHAREGPT", {"sharegpt:x_0": ["t5 t6 t7", "t8 t9"]})
+    monkeypatch.setattr(clover.training.prompts, "_SHAREGPT", {"sharegpt:x_0": ["t5 t6 t7", "t8 t9"]})
     (tmp_path / "p.jsonl").write_text(json.dumps({"question_id": "sharegpt:x_0", "category": "sharegpt"}) + "\n")
     build_dataset(target, tmp_path / "p.jsonl", tmp_path / "data", DataConfig(max_new_tokens=6), progress=False)
     stored = next(read_records(tmp_path / "data"))
@@ -125,14 +125,14 @@ def test_sampled_rows_do_not_depend_on_batching():
 def test_follow_up_requests_join_a_running_batch():
     from collections import deque
 
-    import clover.batchgen
+    import clover.training.batchgen
 
     t = tiny_target("llama")
     prompts = _prompts(6)
     queue = deque([Request(i, p) for i, p in enumerate(prompts)])
     got, extended = {}, []
-    real_extend = clover.batchgen._extend
-    clover.batchgen._extend = lambda target, req, kept: extended.append(req.key) or real_extend(target, req, kept)
+    real_extend = clover.training.batchgen._extend
+    clover.training.batchgen._extend = lambda target, req, kept: extended.append(req.key) or real_extend(target, req, kept)
     try:
         for key, answer in generate_many(t, queue, 5, batch_size=4):
             turn = 1 if (key, 0) in got else 0
@@ -140,7 +140,7 @@ def test_follow_up_requests_join_a_running_batch():
             if turn == 0:  # the next turn, same key: it starts from this row's KV cache
                 queue.appendleft(Request(key, prompts[key] + answer + [7, 8]))
     finally:
-        clover.batchgen._extend = real_extend
+        clover.training.batchgen._extend = real_extend
     assert sorted(got) == [(i, turn) for i in range(6) for turn in (0, 1)]
     assert sorted(extended) == list(range(6))
     for i, p in enumerate(prompts):
@@ -186,7 +186,7 @@ def test_magpie_prompts_are_seeded_and_filtered():
 
 
 def test_speed_check_measures_both_paths_in_one_run(tmp_path, capsys):
-    from clover.data import measure_speed
+    from clover.training.data import measure_speed
     from conftest import tiny_target
 
     path = tmp_path / "p.jsonl"
@@ -203,7 +203,7 @@ def test_speed_check_measures_both_paths_in_one_run(tmp_path, capsys):
 
 
 def test_stdlib_docs_reads_public_docstrings_without_importing(tmp_path):
-    from clover.prompts import stdlib_docs
+    from clover.training.prompts import stdlib_docs
 
     long = "Return the number of apples in the basket. " * 6
     (tmp_path / "fruit.py").write_text(
@@ -220,8 +220,8 @@ def test_stdlib_docs_reads_public_docstrings_without_importing(tmp_path):
 
 
 def test_text_records_are_labelled_by_the_forward_pass(tmp_path):
-    from clover.data import build_text_dataset
-    from clover.train import TrainConfig, load_split
+    from clover.training.data import build_text_dataset
+    from clover.training.train import TrainConfig, load_split
     from conftest import tiny_target
 
     target = tiny_target("llama", eos=1)

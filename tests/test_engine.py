@@ -8,7 +8,7 @@ from clover import Engine, SamplingConfig, TreeConfig, new_heads, parse_tree_spe
 from conftest import ScriptedHeads, oracle_tree_fn, perturb, tiny_target
 
 ARCHS = ["llama", "qwen2", "gpt2"]
-TREES = ["dynamic", "dynamic:budget=16,topk=4", "small", "chain3"]
+TREES = ["dynamic", "dynamic:budget=16,branching=4", "small", "chain3"]
 
 
 def prompts(vocab, n=6, seed=0):
@@ -100,7 +100,7 @@ def test_trace_records():
     target = tiny_target("llama")
     heads = perturb(new_heads("clover", target), 0.2)
     prompt = prompts(target.vocab_size)[4]
-    run = Engine(target, heads, TreeConfig(budget=8, topk=3)).stream(prompt, 12)
+    run = Engine(target, heads, TreeConfig(budget=8, branching=3)).stream(prompt, 12)
     steps = list(run)
     result = run.result
     assert steps == result.steps and steps[-1].finished

@@ -156,7 +156,7 @@ def test_draft_vocabulary(kind, tmp_path):
     assert torch.allclose(heads.vocab_logits(h, target), target.head_logits(h)[:, vocab], atol=1e-6)
     # drafted trees use only draft-vocabulary tokens
     from clover import Engine, TreeConfig
-    engine = Engine(target, heads, TreeConfig(budget=12, topk=3))
+    engine = Engine(target, heads, TreeConfig(budget=12, branching=3))
     run = engine.stream([4, 5, 6], 10)
     for step in run:
         assert all(n.token_id in vocab for n in step.nodes[1:])
@@ -172,7 +172,7 @@ def test_draft_vocabulary(kind, tmp_path):
 @pytest.mark.parametrize("kind", ["medusa", "clover"])
 def test_draft_vocabulary_with_a_biased_lm_head_and_few_row_linears(kind, tmp_path):
     """An lm_head bias is sliced with its weight; new and loaded heads take the few-row path."""
-    from clover.cpu_linear import FewRowLinear
+    from clover.kernels.linear import FewRowLinear
     target = tiny_target("llama")
     vocab = [2, 7, 11, 30, 64]
     heads = new_heads(kind, target, draft_vocab=vocab, own_lm_head=False)

@@ -155,7 +155,7 @@ def test_lookup_and_hybrids_equal_plain_greedy(arch):
     assert drafted  # the lookup really drafted
     for kind in ("medusa", "clover"):
         heads = perturb(new_heads(kind, target), 0.1)
-        for spec in ("dynamic:budget=6,topk=3", "small"):
+        for spec in ("dynamic:budget=6,branching=3", "small"):
             eng = Engine(target, heads, parse_tree_spec(spec), lookup=LookupConfig(max_tokens=4))
             assert eng.method == f"{kind}+lookup"
             res = eng.generate(REPETITIVE, 40)
@@ -209,7 +209,7 @@ def test_hybrid_with_costs_drafts_past_the_head_budget_and_stays_exact(arch):
     flat = LookupConfig(max_tokens=4, costs=(10.0,) * 5)  # verifying more costs nothing
     for kind in ("medusa", "clover"):
         heads = perturb(new_heads(kind, target), 0.1)
-        eng = Engine(target, heads, parse_tree_spec("dynamic:budget=1,topk=1"), lookup=flat)
+        eng = Engine(target, heads, parse_tree_spec("dynamic:budget=1,branching=1"), lookup=flat)
         res = eng.generate(REPETITIVE, 40)
         assert res.token_ids == plain.token_ids, kind
         lookup_nodes = [sum(n.source in ("lookup", "both") for n in s.nodes) for s in res.steps]
@@ -259,7 +259,7 @@ def test_sampling_with_lookup_branches_matches_target_distribution():
     prompt = [3, 1, 4, 1, 5, 1, 4]  # "1 4" occurred: lookup proposes 1 5
     probs = exact_two_token_joint(target, prompt, cfg)
     lookup = Engine(target, lookup=LookupConfig(max_tokens=2))
-    hybrid = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=4,topk=2"),
+    hybrid = Engine(target, perturb(new_heads("clover", target), 0.3), parse_tree_spec("dynamic:budget=4,branching=2"),
                     lookup=LookupConfig(max_tokens=2))
     for engine in (lookup, hybrid):
         first = engine.generate(prompt, 2, SamplingConfig(**{**cfg.__dict__, "seed": 0}))

@@ -96,8 +96,8 @@ def test_tiny_temperatures_are_greedy_and_infinite_ones_refused():
 
 
 @pytest.mark.parametrize("spec", [
-    "dynamic:budget=1000,topk=40",
-    "dynamic:budget=10,topk=500",
+    "dynamic:budget=1000,branching=40",
+    "dynamic:budget=10,branching=500",
     "dynamic:budget=10,max_depth=1000",
     json.dumps([[i] for i in range(MAX_TREE_NODES + 1)]),
     json.dumps([[0] * k for k in range(1, 80)]),
@@ -109,7 +109,7 @@ def test_every_tree_form_is_bounded(spec):
 
 
 def test_trees_within_bounds_still_parse():
-    assert parse_tree_spec(f"dynamic:budget={MAX_TREE_NODES},topk=8").budget == MAX_TREE_NODES
+    assert parse_tree_spec(f"dynamic:budget={MAX_TREE_NODES},branching=8").budget == MAX_TREE_NODES
     wide = [[i] for i in range(64)] + [[i, j] for i in range(3) for j in range(64)]
     assert len(parse_tree_spec(json.dumps(wide)).paths) == MAX_TREE_NODES
     with pytest.raises(ValueError):
@@ -150,7 +150,7 @@ def test_sliding_window_model_decodes_within_its_window():
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=18, do_sample=False)[0, 6:].tolist()
     assert Engine(target).generate(prompt, 18).token_ids == ref
     heads = perturb(new_heads("clover", target, num_heads=3), scale=0.2, seed=1)
-    out = Engine(target, heads, parse_tree_spec("dynamic:budget=8,topk=3")).generate(prompt, 18)
+    out = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=3")).generate(prompt, 18)
     assert out.token_ids == ref and max(len(s.nodes) for s in out.steps) > 1
     with pytest.raises(ValueError, match="sliding attention window"):
         Engine(target).generate(prompt, 19)

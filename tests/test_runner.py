@@ -21,8 +21,8 @@ from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
 def test_tree_config_choices():
     assert app_settings.tree_config("auto") == app_settings.auto_tree() == TreeConfig(auto=True)
-    assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, topk=3)
-    assert app_settings.tree_config("dynamic:budget=12,topk=4").budget == 12
+    assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, branching=3)
+    assert app_settings.tree_config("dynamic:budget=12,branching=4").budget == 12
     assert app_settings.tree_config("small").kind == "static"
     assert app_settings.tree_config("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
     for bad, words in (("banana", "not understood"), ("0", "from 1 to 256"),

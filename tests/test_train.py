@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from clover import load_heads
-from clover.data import DataConfig, build_dataset, read_prompts, read_records
-from clover.train import TrainConfig, evaluate, load_split, preset, train
+from clover.training.data import DataConfig, build_dataset, read_prompts, read_records
+from clover.training.train import TrainConfig, evaluate, load_split, preset, train
 from conftest import tiny_target
 
 
@@ -154,7 +154,8 @@ def test_presets_by_exact_key():
 
 
 def test_hidden_cache_matches_a_fresh_forward():
-    from clover.train import HiddenCache, collate, target_hidden
+    from clover.training.data import collate
+    from clover.training.hidden_cache import HiddenCache, target_hidden
 
     target = tiny_target("llama")
     recs = [{"input_ids": list(range(4, 4 + n)), "loss_mask": [1] * n} for n in (5, 9, 3)]
@@ -171,7 +172,8 @@ def test_hidden_cache_matches_a_fresh_forward():
 
 
 def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
-    from clover.train import HiddenCache, collate, target_hidden
+    from clover.training.data import collate
+    from clover.training.hidden_cache import HiddenCache, target_hidden
 
     target = tiny_target("llama", eos=1)
     data = tmp_path / "data"
@@ -197,7 +199,7 @@ def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
 
 
 def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
-    from clover.train import frequent_tokens
+    from clover.training.train import frequent_tokens
 
     recs = [{"input_ids": [5, 5, 6, 7, 7, 7], "loss_mask": [0, 1, 1, 1, 1, 1]}]
     assert frequent_tokens(recs, 3, 96, always=[1]) == [1, 5, 7]
@@ -233,7 +235,9 @@ def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_f
     """chain_tau = 1 + sum_k P(heads 1..k all give the target's greedy next token),
     recomputed here position by position from the heads' own outputs."""
     from clover.heads import new_heads
-    from clover.train import collate, head_outputs, sample_positions, target_hidden
+    from clover.training.data import collate
+    from clover.training.hidden_cache import target_hidden
+    from clover.training.train import sample_positions
     from conftest import perturb
 
     target = tiny_target("llama", eos=1)
@@ -249,7 +253,7 @@ def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_f
             ids, mask = collate(records[i:i + 4], 1)
             pre, post = target_hidden(target, ids)
             rows, cols = sample_positions(mask, 0, torch.Generator())
-            outs = head_outputs(heads, target, ids, pre, post, rows, cols)
+            outs = heads.training_outputs(target, ids, pre, rows, cols)
             T = ids.shape[1]
             for j in range(len(rows)):
                 b, s = int(rows[j]), int(cols[j])
@@ -267,7 +271,7 @@ def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_f
 
 
 def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path, prompt_file):
-    from clover.train import perturb_features
+    from clover.training.train import perturb_features
 
     x = torch.randn(4, 64)
     g = torch.Generator().manual_seed(0)

@@ -73,24 +73,24 @@ def check_tree(tree: Tree):
         assert len(toks) == len(set(toks))
 
 
-@pytest.mark.parametrize("budget,topk", [(1, 1), (5, 2), (10, 3), (30, 4)])
-def test_grow_dynamic_budget_and_shape(budget, topk):
-    cfg = TreeConfig(budget=budget, topk=topk, top_p=1.0, min_ratio=0.0)
+@pytest.mark.parametrize("budget,branching", [(1, 1), (5, 2), (10, 3), (30, 4)])
+def test_grow_dynamic_budget_and_shape(budget, branching):
+    cfg = TreeConfig(budget=budget, branching=branching, branch_p=1.0, min_ratio=0.0)
     tree = grow_dynamic(3, cfg, fixed_expand(), max_depth=4)
     check_tree(tree)
     assert len(tree) - 1 <= budget
-    assert len(tree) - 1 == min(budget, sum(topk * min(topk, topk ** d) for d in range(4)))
-    assert max(len(k) for k in tree.children()) <= topk
+    assert len(tree) - 1 == min(budget, sum(branching * min(branching, branching ** d) for d in range(4)))
+    assert max(len(k) for k in tree.children()) <= branching
 
 
 def test_grow_dynamic_keeps_highest_joint_probability():
     """Every kept node's joint probability is >= every dropped candidate's."""
-    cfg = TreeConfig(budget=6, topk=3, top_p=1.0, min_ratio=0.0)
+    cfg = TreeConfig(budget=6, branching=3, branch_p=1.0, min_ratio=0.0)
     tree = grow_dynamic(3, cfg, fixed_expand(), max_depth=3)
     joint = [1.0]
     for i in range(1, len(tree)):
         joint.append(joint[tree.parents[i]] * tree.draft_probs[i])
-    full = grow_dynamic(3, TreeConfig(budget=256, topk=3, top_p=1.0, min_ratio=0.0),
+    full = grow_dynamic(3, TreeConfig(budget=256, branching=3, branch_p=1.0, min_ratio=0.0),
                         fixed_expand(), max_depth=3)
     fj = [1.0]
     for i in range(1, len(full)):
@@ -98,14 +98,14 @@ def test_grow_dynamic_keeps_highest_joint_probability():
     assert min(joint[1:]) >= sorted(fj[1:], reverse=True)[5] - 1e-12
 
 
-def test_grow_dynamic_top_p_and_floor():
+def test_grow_dynamic_branch_p_and_floor():
     def peaked(depth, ids, parents, tokens):
         p = torch.tensor([0.9, 0.05, 0.03, 0.02])
         return p.expand(len(ids), -1)
 
-    t = grow_dynamic(0, TreeConfig(budget=20, topk=4, top_p=0.85, min_ratio=0.0), peaked, 1)
-    assert len(t) == 2  # 0.9 reaches top_p 0.85: no more siblings
-    t = grow_dynamic(0, TreeConfig(budget=20, topk=4, top_p=1.0, min_ratio=0.04), peaked, 1)
+    t = grow_dynamic(0, TreeConfig(budget=20, branching=4, branch_p=0.85, min_ratio=0.0), peaked, 1)
+    assert len(t) == 2  # 0.9 reaches branch_p 0.85: no more siblings
+    t = grow_dynamic(0, TreeConfig(budget=20, branching=4, branch_p=1.0, min_ratio=0.04), peaked, 1)
     assert len(t) == 3  # floor 0.036 drops 0.03 and 0.02
 
 
@@ -113,14 +113,17 @@ def test_grow_tree_depth_cap_and_root_only():
     cfg = TreeConfig(kind="static", paths=STATIC_TREES["chain3"])
     assert len(grow_tree(1, cfg, fixed_expand(), max_depth=0)) == 1
     assert grow_tree(1, cfg, fixed_expand(), max_depth=2).depths == [0, 1, 2]
-    cfg = TreeConfig(budget=10, topk=2, max_depth=1)
+    cfg = TreeConfig(budget=10, branching=2, max_depth=1)
     assert max(grow_tree(1, cfg, fixed_expand(), max_depth=5).depths) == 1
 
 
 def test_parse_tree_spec():
     assert parse_tree_spec(None) == TreeConfig()
     assert parse_tree_spec("dynamic") == TreeConfig()
-    assert parse_tree_spec("dynamic:budget=12,topk=4") == TreeConfig(budget=12, topk=4)
+    assert parse_tree_spec("dynamic:budget=12,branching=4") == TreeConfig(budget=12, branching=4)
+    # the keys' older names (draft-side settings once shared the target sampler's names)
+    assert parse_tree_spec("dynamic:budget=12,topk=4,top_p=0.5") == TreeConfig(budget=12, branching=4,
+                                                                                branch_p=0.5)
     assert parse_tree_spec("small").paths == STATIC_TREES["small"]
     assert parse_tree_spec("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
 
@@ -137,7 +140,7 @@ def test_parse_tree_spec():
     ("dynamic:budget=0", "budget"),
     ("dynamic:size=3", "bad dynamic tree option"),
     ("dynamic:budget=x", "must be a int"),
-    ("dynamic:top_p=1.5", "top_p"),
+    ("dynamic:branch_p=1.5", "branch_p"),
 ])
 def test_parse_tree_spec_errors(spec, msg):
     with pytest.raises(ValueError, match=msg):
@@ -162,7 +165,7 @@ def random_expand(seed, vocab=12):
 
 def unpruned(root, cfg, expand, depth):
     """The reference: grow every depth, then keep the ``cfg.budget`` best nodes."""
-    full = grow_dynamic(root, TreeConfig(budget=256, topk=cfg.topk, top_p=cfg.top_p,
+    full = grow_dynamic(root, TreeConfig(budget=256, branching=cfg.branching, branch_p=cfg.branch_p,
                                          min_ratio=cfg.min_ratio), expand, depth)
     joint = [1.0]
     for i in range(1, len(full)):
@@ -184,7 +187,7 @@ def token_path(tree, i):
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 9, 21])
 def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
     """Stopping once the budget beats the frontier drafts exactly the unpruned tree."""
-    cfg = TreeConfig(budget=budget, topk=3, top_p=0.95, min_ratio=0.02)
+    cfg = TreeConfig(budget=budget, branching=3, branch_p=0.95, min_ratio=0.02)
     expand = random_expand(seed)
     tree = grow_dynamic(4, cfg, expand, max_depth=3)
     check_tree(tree)
@@ -194,7 +197,7 @@ def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
         assert expand.calls == [0]  # the best child of the root beats everything deeper
 
 
-@pytest.mark.parametrize("spec", ["dynamic", "dynamic:budget=4,topk=2", "small", "chain3"])
+@pytest.mark.parametrize("spec", ["dynamic", "dynamic:budget=4,branching=2", "small", "chain3"])
 def test_grow_trees_in_lock_step_equals_each_alone(spec):
     """Rows of a batch grow together, one expand_many call per depth, each into the tree it
     grows alone (rows of different depth limits stop early: 0 = the root alone)."""

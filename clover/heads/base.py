@@ -23,7 +23,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -391,6 +391,30 @@ class DraftHeads(nn.Module):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         self._vocab_weight = None
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    #: which target state each head's pre-lm_head output regresses onto in training:
+    #: "post" (after the final norm, what lm_head reads) or "pre" (before it)
+    regression_space = "post"
+
+    def training_outputs(self, target, ids: torch.Tensor, hidden_pre: torch.Tensor,
+                         rows: torch.Tensor, cols: torch.Tensor,
+                         features: Callable[[torch.Tensor], torch.Tensor] | None = None
+                         ) -> list[tuple[torch.Tensor, torch.Tensor]]:  # pragma: no cover - abstract
+        """The teacher-forced training forward at positions s of a batch (``clover train``).
+
+        Args:
+            target: the frozen TargetModel.
+            ids: (B, T) long, right-padded conversations.
+            hidden_pre: (B, T, D) the target's hidden states before the final norm.
+            rows, cols: (M,) long, the batch row and position of each s.
+            features: applied to the target features the heads read (training-time
+                noise or dropout), or None.
+        Returns:
+            per head k (0-based) a pair (draft logits (M, V'), pre-lm_head hidden (M, D));
+            head k predicts x_{s+k+2}, its teacher is the target at position s+k+1, and the
+            hidden output regresses onto the target's state there (``regression_space``).
+        """
+        raise NotImplementedError
 
     def drafter(self, target, tree: TreeConfig) -> Drafter:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -266,6 +266,25 @@ class CloverHeads(DraftHeads):
         logits = self.vocab_logits(target.final_norm(self.mlps[head](h)), target)
         return h, logits
 
+    regression_space = "pre"  # the head MLPs' output lies before the final norm
+
+    def training_outputs(self, target, ids, hidden_pre, rows, cols, features=None):
+        """The training forward (see :meth:`DraftHeads.training_outputs`), teacher-forced:
+        h_0 from the Augmenting Block at s (over the perturbed ``features`` of all
+        positions up to s), then at depth k the regressive connection reads the true
+        token x_{s+k+1} (the drafted one while a chain holds)."""
+        if features is not None:
+            hidden_pre = features(hidden_pre)
+        h = self.augment_at(hidden_pre, rows, cols)  # (M, D) h_0 at the sampled positions
+        T = ids.shape[1]
+        outs = []
+        for k in range(self.config.num_heads):
+            tok = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}
+            h = self.decoder(h, self.regressive_embedding(tok, target))
+            z = self.mlps[k](h)
+            outs.append((self.vocab_logits(target.final_norm(z), target), z))
+        return outs
+
     def drafter(self, target, tree: TreeConfig) -> "CloverDrafter":
         return CloverDrafter(self, target, tree)
 

@@ -59,6 +59,19 @@ class MedusaHeads(DraftHeads):
             return self.vocab_logits(h, target)
         return torch.stack([head(h[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
 
+    def training_outputs(self, target, ids, hidden_pre, rows, cols, features=None):
+        """The training forward (see :meth:`DraftHeads.training_outputs`): every head reads
+        the target's normed state at s, perturbed by ``features`` after the norm."""
+        h = target.final_norm(hidden_pre[rows, cols])  # (M, D), what lm_head reads at s
+        if features is not None:
+            h = features(h)
+        outs = []
+        for k, block in enumerate(self.blocks):
+            z = block(h)
+            logits = self.lm_heads[k](z) if self.lm_heads is not None else self.vocab_logits(z, target)
+            outs.append((logits, z))
+        return outs
+
     def drafter(self, target, tree: TreeConfig) -> "MedusaDrafter":
         return MedusaDrafter(self, target, tree)
 

@@ -1,18 +1,24 @@
 """Train draft heads with the target frozen (Clover arXiv 2405.00263 §4.1; Medusa-1).
 
-Data: a self-distillation folder from :mod:`clover.data`. Per step, a batch of
+Data: a self-distillation folder from :mod:`clover.training.data`. Per step, a batch of
 conversations goes through the frozen target once (hidden states before and after the
 final norm); at a random sample of answer positions s, head k (1..K) is trained to
 predict token s+k+1 against the target's own distribution at position s+k (soft
 cross-entropy), weighted by ``decay**(k-1)``. Optionally (Clover-2) the head's hidden
 state is also regressed onto the target's hidden state at s+k.
 
+Each head class owns its teacher-forced training forward
+(:meth:`~clover.heads.base.DraftHeads.training_outputs`); this module knows none of
+their insides:
+
 * Medusa head k reads the normed hidden state at s.
 * Clover runs the Augmenting Block over the whole sequence, then at s chains the
   Attention Decoder through the true tokens x_{s+1}, ..., x_{s+k} (teacher forcing: the
   Regressive Connection sees what the target said).
-* Clover-2 owns its training forward (``Clover2Heads.training_outputs``, the same
-  teacher forcing); its preset adds the regression term (CLOVER2.md §2.3).
+* Clover-2 fuses each position with its true next token, then runs its recurrence
+  through the true tokens; its preset adds the regression term (CLOVER2.md §2.3).
+
+The frozen target's hidden states come from :mod:`clover.training.hidden_cache`.
 
 Runs under ``accelerate`` (several GPUs, mixed precision on GPU) with a tqdm bar,
 periodic held-out evaluation (per-head top-1 / top-5 accuracy against the target's own
@@ -23,17 +29,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import time
 import zlib
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from clover.data import read_records
+from clover.training.data import collate, read_records
+from clover.training.hidden_cache import HiddenCache, target_hidden
 from clover.heads import DraftHeads, load_heads, new_heads
 from clover.heads.base import HEAD_KINDS
 
@@ -160,7 +167,7 @@ def load_split(data_dir, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], 
     one prompt land on the same side.
 
     ``tokenizer`` (the target's) rebuilds records stored without their prompt text
-    (ShareGPT prompts, see :func:`clover.data.read_records`); without it they are skipped.
+    (ShareGPT prompts, see :func:`clover.training.data.read_records`); without it they are skipped.
 
     Raises:
         ValueError: when the folder holds no usable records.
@@ -196,136 +203,6 @@ def frequent_tokens(records: list[dict], n: int, vocab_size: int, always=()) -> 
     return sorted(chosen[: min(n, vocab_size)])
 
 
-def collate(records: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad a batch: (B, T) ids and (B, T) loss mask (0 on padding).
-
-    Right padding needs no attention mask: causal attention never looks forward.
-    """
-    width = max(len(r["input_ids"]) for r in records)
-    ids = torch.full((len(records), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(records), width), dtype=torch.bool)
-    for i, r in enumerate(records):
-        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-        mask[i, : len(r["loss_mask"])] = torch.tensor(r["loss_mask"], dtype=torch.bool)
-    return ids, mask
-
-
-def target_hidden(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frozen target over a batch: (B, T, D) hidden states before and after the final norm."""
-    with torch.no_grad():
-        return target.hidden_states(ids)
-
-
-class HiddenCache:
-    """The frozen target's hidden states per conversation, computed once and kept in
-    host memory, so later epochs and the second method skip the target forward.
-
-    Stores (T_i, D) pre-norm states per conversation key, in fp16 (``store_dtype``;
-    half the memory of fp32, so about 8k conversations of 400 tokens of a 576-wide
-    model take 3.7 GB; a state too large for fp16 stays fp32); the normed states are
-    recomputed with the target's final norm (cheap). With ``path`` the store is also a
-    safetensors file (about T x D x 2 bytes per conversation): loaded when it exists and
-    was written for the same target, extended by :meth:`fill` and written back by
-    :meth:`save`, so a Medusa and a Clover run on the same data pay for the target's
-    forward passes once.
-
-    Raises:
-        ValueError: when ``path`` holds states of another target: its name, dtype or a
-            fingerprint of its weights differ (two builds of one model, e.g. a quantised
-            GGUF and the hub weights, share a name but not their hidden states).
-    """
-
-    def __init__(self, target, enabled: bool = True, path: str | Path | None = None,
-                 write: bool = True, store_dtype: torch.dtype = torch.float16):
-        self.target, self.enabled, self.write = target, enabled, write
-        self.store_dtype = store_dtype
-        self.path = Path(path) if path else None
-        self.store: dict = {}
-        self.dirty = False
-        if self.path is not None and self.path.is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(self.path), "pt") as f:
-                meta = f.metadata() or {}
-                want = self.metadata()
-                if any(meta.get(k) != v for k, v in want.items()):
-                    raise ValueError(f"{self.path} holds hidden states of another target "
-                                     f"({meta.get('target')!r}, {meta.get('dtype')}, weights "
-                                     f"{meta.get('fingerprint')}), not of {target.name!r} "
-                                     f"({want['dtype']}, weights {want['fingerprint']}); delete it "
-                                     f"or pass another file")
-                self.store = {k: f.get_tensor(k) for k in f.keys()}
-
-    def metadata(self) -> dict[str, str]:
-        """What identifies the target's states: name, hidden size, dtype and a hash of its
-        lm_head and last-layer weights."""
-        import hashlib
-
-        from clover.models import decoder_layers
-
-        h = hashlib.sha1()
-        last = decoder_layers(self.target.base)[-1]
-        for w in (self.target.lm_head.weight[:256], *list(last.parameters())[:2]):
-            h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
-        return {"target": self.target.name, "hidden_size": str(self.target.hidden_size),
-                "dtype": str(self.target.dtype).replace("torch.", ""), "fingerprint": h.hexdigest()[:16]}
-
-    def __call__(self, keys: list, ids: torch.Tensor, lengths: list[int]):
-        """(B, T, D) pre and post states for a right-padded batch ``ids``."""
-        if not self.enabled:
-            return target_hidden(self.target, ids)
-        todo = [i for i, k in enumerate(keys) if k not in self.store]
-        if todo:
-            width = max(lengths[i] for i in todo)
-            pre, _ = target_hidden(self.target, ids[todo, :width])
-            for j, i in enumerate(todo):
-                state = pre[j, : lengths[i]]
-                if state.abs().max() < 6e4:  # within fp16's range
-                    state = state.to(self.store_dtype)
-                self.store[keys[i]] = state.cpu().contiguous()
-            self.dirty = True
-        B, T = ids.shape
-        pre = torch.zeros(B, T, self.target.hidden_size, dtype=self.target.dtype, device=ids.device)
-        for i, k in enumerate(keys):
-            pre[i, : lengths[i]] = self.store[k].to(ids.device, self.target.dtype)
-        with torch.no_grad():
-            post = self.target.final_norm(pre)
-        return pre, post
-
-    def fill(self, records: list[dict], pad: int, batch_size: int = 8, progress: bool = True) -> None:
-        """Compute the states of every record not yet stored (shortest first, so batches
-        carry little padding) with a progress bar, saving every ten minutes and at the
-        end (:meth:`save`), so an interrupted fill resumes."""
-        from tqdm.auto import tqdm
-
-        import time
-
-        todo = sorted((r for r in records if r["key"] not in self.store), key=lambda r: len(r["input_ids"]))
-        last_save = time.monotonic()
-        for i in tqdm(range(0, len(todo), batch_size), desc="target hidden states",
-                      disable=not progress or not todo):
-            batch = todo[i: i + batch_size]
-            ids, _ = collate(batch, pad)
-            self([r["key"] for r in batch], ids.to(self.target.device), [len(r["input_ids"]) for r in batch])
-            if time.monotonic() - last_save > 600:  # an interrupted fill keeps its work
-                self.save()
-                last_save = time.monotonic()
-        self.save()
-
-    def save(self) -> None:
-        """Write the store to ``path`` (atomically) when it has new entries (only from the
-        main process when several run)."""
-        if self.path is None or not self.dirty or not self.write:
-            return
-        from safetensors.torch import save_file
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        save_file(self.store, str(tmp), metadata=self.metadata())
-        os.replace(tmp, self.path)
-        self.dirty = False
-
-
 def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
     """Positions s whose token s+2 is an answer token (head 1 has a target); at most n
     per row (n = 0: all). Returns (rows, cols) long tensors of equal length M."""
@@ -353,35 +230,17 @@ def perturb_features(x: torch.Tensor, dropout: float, noise: float, gen: torch.G
     return x
 
 
-def head_outputs(heads: DraftHeads, target, ids, pre, post, rows, cols, cfg: TrainConfig | None = None,
+def head_outputs(heads: DraftHeads, target, ids, pre, rows, cols, cfg: TrainConfig | None = None,
                  gen: torch.Generator | None = None):
-    """Per head k: draft logits (M, V') and pre-lm_head hidden (M, D) at positions s.
+    """Per head k: draft logits (M, V') and pre-lm_head hidden (M, D) at positions s
+    (each head class's own :meth:`~clover.heads.base.DraftHeads.training_outputs`).
 
-    With ``cfg`` (training), its ``feature_noise`` and ``dropout`` perturb the features."""
-    outs = []
-    reg = cfg is not None and (cfg.feature_noise > 0 or cfg.dropout > 0)
-    if heads.config.kind == "clover2":
-        features = (lambda x: perturb_features(x, cfg.dropout, cfg.feature_noise, gen)) if reg else None
-        return heads.training_outputs(target, ids, pre, rows, cols, features)
-    if heads.config.kind == "medusa":
-        h = post[rows, cols]
-        if reg:
-            h = perturb_features(h, cfg.dropout, cfg.feature_noise, gen)
-        for k in range(heads.config.num_heads):
-            z = heads.blocks[k](h)
-            logits = heads.lm_heads[k](z) if heads.lm_heads is not None else heads.vocab_logits(z, target)
-            outs.append((logits, z))
-    else:
-        if reg:
-            pre = perturb_features(pre, cfg.dropout, cfg.feature_noise, gen)
-        h = heads.augment_at(pre, rows, cols)  # (M, D) h_0 at the sampled positions
-        T = ids.shape[1]
-        for k in range(heads.config.num_heads):
-            tok = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}
-            h = heads.decoder(h, heads.regressive_embedding(tok, target))
-            z = heads.mlps[k](h)
-            outs.append((heads.vocab_logits(target.final_norm(z), target), z))
-    return outs
+    With ``cfg`` (training), its ``feature_noise`` and ``dropout`` perturb the features
+    the heads read."""
+    features = None
+    if cfg is not None and (cfg.feature_noise > 0 or cfg.dropout > 0):
+        features = partial(perturb_features, dropout=cfg.dropout, noise=cfg.feature_noise, gen=gen)
+    return heads.training_outputs(target, ids, pre, rows, cols, features)
 
 
 def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int, hidden=None,
@@ -405,7 +264,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
     pre, post = hidden if hidden is not None else target_hidden(target, ids)
     rows, cols = sample_positions(mask, n_positions, gen)
     training = heads.training and not exact_metrics
-    outs = head_outputs(heads, target, ids, pre, post, rows, cols, cfg if training else None, gen)
+    outs = head_outputs(heads, target, ids, pre, rows, cols, cfg if training else None, gen)
     T = ids.shape[1]
     K = len(outs)
     full = (cols + K + 1 < T) & mask[rows, (cols + K + 1).clamp(max=T - 1)]  # all heads have targets
@@ -431,8 +290,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             p = p / p.sum(-1, keepdim=True)
             loss = loss + weight * cfg.topk_weight * -(p * logp.gather(-1, idx)).sum(-1).mean()
         if cfg.hidden_weight > 0:
-            # Clover's MLP output lies before the final norm; Medusa's and Clover-2's after it
-            ref = (pre if heads.config.kind == "clover" else post)[rows[ok], tgt]
+            ref = (pre if heads.regression_space == "pre" else post)[rows[ok], tgt]
             loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
         with torch.no_grad():
             best = teacher.argmax(-1)

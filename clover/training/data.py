@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from clover.batchgen import Request, generate_many
-from clover.prompts import interleave_categories, is_reference, read_prompts, referenced_turns
+import torch
+
+from clover.training.batchgen import Request, generate_many
+from clover.training.prompts import interleave_categories, is_reference, read_prompts, referenced_turns
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,7 @@ def build_dataset(target, prompts_path: str | Path, out_dir: str | Path, cfg: Da
     """Generate (or resume) a self-distillation set.
 
     Prompts are answered shortest first with continuous batching
-    (:func:`clover.batchgen.generate_many`, greedy or sampled per ``cfg.temperatures``);
+    (:func:`clover.training.batchgen.generate_many`, greedy or sampled per ``cfg.temperatures``);
     multi-turn prompts are answered turn by turn, each turn after the target's own
     previous answer, and every assistant turn is in the loss mask. Finished records are
     appended to the shards and flushed every ``batch_size`` records, so an interrupted
@@ -258,7 +260,7 @@ def measure_speed(target, prompts_path: str | Path, prompts: int = 128, single: 
     call (so on the same machine under the same load).
 
     ``prompts`` first turns are drawn (seeded) from the prompt file and answered greedily
-    together with :func:`clover.batchgen.generate_many` (sorted by length, as
+    together with :func:`clover.training.batchgen.generate_many` (sorted by length, as
     :func:`build_dataset` does); the first ``single`` of them are answered one at a time
     with the engine's plain decoding. Both times include prefill.
 
@@ -273,7 +275,7 @@ def measure_speed(target, prompts_path: str | Path, prompts: int = 128, single: 
 
     from tqdm.auto import tqdm
 
-    from clover.batchgen import Request, generate_many
+    from clover.training.batchgen import Request, generate_many
     from clover.engine import Engine
 
     if prompts < 1 or single < 1:
@@ -311,10 +313,10 @@ def build_text_dataset(tokenizer, texts: list[dict], out_dir: str | Path, max_an
     in the chat template, so the target reads it in the context it decodes in; the
     answer (cut to ``max_answer_tokens``) is in the loss mask. Training needs no answer
     from the target: its loss is against the target's own distribution at every answer
-    position (:func:`clover.train.batch_loss`), computed by the forward pass that also
+    position (:func:`clover.training.train.batch_loss`), computed by the forward pass that also
     gives the heads their features, several times cheaper per token than generating.
     Only text whose licence allows training belongs here (e.g.
-    :func:`clover.prompts.stdlib_docs`); an existing folder is rebuilt.
+    :func:`clover.training.prompts.stdlib_docs`); an existing folder is rebuilt.
 
     Args:
         texts: ``{"question_id", "category", "name", "text"}`` records.
@@ -338,3 +340,17 @@ def build_text_dataset(tokenizer, texts: list[dict], out_dir: str | Path, max_an
                         "category": t.get("category", "text"), "temperature": None,
                         "answers": [answer], "input_ids": ids, "loss_mask": mask})
     return _append(out_dir, records, 0, records_per_shard)
+
+
+def collate(records: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a batch: (B, T) ids and (B, T) loss mask (0 on padding).
+
+    Right padding needs no attention mask: causal attention never looks forward.
+    """
+    width = max(len(r["input_ids"]) for r in records)
+    ids = torch.full((len(records), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(records), width), dtype=torch.bool)
+    for i, r in enumerate(records):
+        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, : len(r["loss_mask"])] = torch.tensor(r["loss_mask"], dtype=torch.bool)
+    return ids, mask

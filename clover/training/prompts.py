@@ -265,26 +265,12 @@ def reference_texts(paths: Iterable[str | Path]) -> list[str]:
 
 # -- Magpie -----------------------------------------------------------------------------
 
-def user_turn_prefix(tokenizer) -> list[int]:
-    """Token ids of the chat template up to the start of a user message (Magpie's prompt).
-
-    Raises:
-        ValueError: when the tokenizer has no chat template.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("Magpie prompts need a chat template")
-    sentinel = "\u2063MAGPIE\u2063"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
-                                         add_generation_prompt=False)
-    return tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"]
-
-
 def magpie_prompts(target, n: int, seed: int = 0, temperature: float = 1.0, max_new_tokens: int = 96,
                    batch_size: int = 64, min_chars: int = 10, max_chars: int = 400,
                    near_duplicate: float = 0.5, progress: bool = True) -> list[dict]:
     """User messages written by the target itself (Magpie), filtered.
 
-    Samples ``n`` user turns from the template prefix (:func:`user_turn_prefix`), row
+    Samples ``n`` user turns from the template prefix (:func:`clover.models.user_turn_prefix`), row
     ``i`` seeded with ``seed`` and ``i`` (deterministic), keeps those that end their turn
     within ``max_new_tokens``, are English and ``min_chars`` to ``max_chars`` long, and are
     not near-duplicates: a message is dropped when at least ``near_duplicate`` of its word
@@ -298,7 +284,8 @@ def magpie_prompts(target, n: int, seed: int = 0, temperature: float = 1.0, max_
 
     from tqdm.auto import tqdm
 
-    from clover.batchgen import Request, generate_many
+    from clover.models import user_turn_prefix
+    from clover.training.batchgen import Request, generate_many
 
     tok = target.tokenizer
     prefix = user_turn_prefix(tok)

@@ -1,0 +1,10 @@
+"""CPU kernels for few-row forwards (speculative verification on a CPU).
+
+* :mod:`clover.kernels.linear`: ``nn.Linear`` layers for a handful of rows, in the
+  weight layout measured fastest on this machine.
+* :mod:`clover.kernels.attention`: grouped-query attention under SDPA without
+  materialising the repeated KV heads.
+
+Only :mod:`clover.models` installs them, behind one load-time switch
+(``TargetModel(cpu_kernels=...)``, ``CLOVER_CPU_KERNELS=0`` turns them off).
+"""
