@@ -1,5 +1,6 @@
 """The "How Clover works" tab: the architecture diagram and a short explanation of
-speculative decoding with draft heads, Medusa and Clover (static content)."""
+speculative decoding with draft heads, Medusa and Clover, then a Clover-2 diagram and
+what changed from Clover-1 (static content)."""
 from __future__ import annotations
 
 import gradio as gr
@@ -7,6 +8,7 @@ import gradio as gr
 from clover.assets import assets_dir
 
 DIAGRAM_FILE = assets_dir() / "figures" / "clover_vs_medusa.svg"
+CLOVER2_DIAGRAM_FILE = assets_dir() / "figures" / "clover2.svg"
 
 EXPLAINER = """
 ## How Clover works
@@ -50,9 +52,42 @@ up to 1.26x (7B model) and 1.47x (over 100B) Medusa's throughput, because the de
 heads guess much better.
 """
 
+CLOVER2_EXPLAINER = """
+## Clover-2: what changed
+
+**Clover-2** (arXiv 2408.00264) is the same authors' successor to Clover. The figure above
+marks each change with a numbered outline:
+
+- **The token comes in first.** An Attention Decoder now runs *before* the Augmenting
+  Block and merges every position's hidden state with the token that follows it, so the
+  extra layers already see the target's newest token.
+- **A deeper Augmenting Block**: two transformer layers instead of one, still with their
+  own cache and used only for guessing.
+- **Simpler heads that share weights.** Each head's small MLP becomes one plain linear
+  layer. Head 1 has its own; heads 2 and up share one Attention Decoder and one linear
+  layer, which also reads the previous token: the same step repeated, like a recurrent
+  network (RNN). Every head still reuses the target's frozen output layer.
+- **An extra training signal.** Besides matching the target's next-token probabilities,
+  each head's output is pulled towards the target's own hidden state at that position.
+- **Why.** The authors added that signal because Clover-1's heads *overfit*: they learn
+  their training text too well and guess worse on new text. Our heads for the small
+  built-in model learn from a few thousand short answers (the authors used 68,000
+  conversations), so overfitting is a real risk here too.
+- **In this app** Clover-2 is offered in the *Decode* tab only when trained Clover-2
+  heads are available (shipped with the app, or in the heads folder you give).
+"""
+
+
+def figure(path) -> str:
+    """An SVG file inlined on a white card."""
+    return (f"<div style='background:#fff;border-radius:10px;padding:6px'>"
+            f"{path.read_text(encoding='utf-8')}</div>")
+
 
 def build() -> None:
-    """Lay out the tab inside the current ``gr.Tab``: the diagram, then the text."""
-    gr.HTML(f"<div style='background:#fff;border-radius:10px;padding:6px'>"
-            f"{DIAGRAM_FILE.read_text(encoding='utf-8')}</div>", elem_id="diagram")
+    """Lay out the tab inside the current ``gr.Tab``: the diagram, then the text; below
+    them the Clover-2 diagram and its text."""
+    gr.HTML(figure(DIAGRAM_FILE), elem_id="diagram")
     gr.Markdown(EXPLAINER, elem_id="explainer")
+    gr.HTML(figure(CLOVER2_DIAGRAM_FILE), elem_id="clover2-diagram")
+    gr.Markdown(CLOVER2_EXPLAINER, elem_id="clover2-explainer")

@@ -1,10 +1,12 @@
 """The app over its API: launched on a free local port, driven with gradio_client, decoding
-for real on the embedded model."""
+for real on the embedded model; and the explainer tab's Clover-2 figure."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +95,71 @@ def test_streams_trees_and_matches_plain_greedy(app_url, reference):
     assert "generated-text" in text and 'title="step 1: ' in text
     assert "accepted draft, depth 1" in text.split("generated-text")[1]
     assert "Medusa heads:** trained, shipped with the app" in latest(streamed, BANNER)
+
+
+FIGURES = Path(__file__).resolve().parents[1] / "assets" / "figures"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def svg_ids(root) -> list[str]:
+    return [el.get("id") for el in root.iter() if el.get("id") is not None]
+
+
+def test_clover2_figure_is_an_accessible_svg_with_its_own_ids():
+    """The Clover-2 figure parses as SVG, is labelled by its own title and description,
+    and shares no element id with the Clover/Medusa figure inlined on the same page."""
+    from xml.etree import ElementTree
+
+    root = ElementTree.parse(FIGURES / "clover2.svg").getroot()
+    other = ElementTree.parse(FIGURES / "clover_vs_medusa.svg").getroot()
+    assert root.tag == SVG + "svg"
+    assert root.get("viewBox").split()[2] == "1000" and "width:100%" in root.get("style")
+    title, desc = root.find(SVG + "title"), root.find(SVG + "desc")
+    assert "Clover-2" in title.text and len(desc.text) > 100
+    assert root.get("role") == "img"
+    assert root.get("aria-labelledby").split() == [title.get("id"), desc.get("id")]
+    ids = svg_ids(root)
+    assert len(ids) == len(set(ids)) >= 5  # title, desc and three arrow markers
+    assert not set(ids) & set(svg_ids(other))
+    # every url(#...) reference (the arrow markers) points inside this figure
+    text = (FIGURES / "clover2.svg").read_text(encoding="utf-8")
+    refs = set(re.findall(r"url\(#([^)]+)\)", text))
+    assert refs and refs <= set(ids)
+    # the changes it marks, as clover/heads/clover2.py implements them
+    for words in ("Attention Decoder 1", "2 decoder layers", "own KV cache", "lm_head",
+                  "Regressive Connection", "SmoothL1", "shared set of weights"):
+        assert words in text, words
+
+
+def test_explainer_tab_shows_the_clover2_figure_below_the_first():
+    import gradio as gr
+
+    from app import explainer_tab
+
+    with gr.Blocks() as demo:
+        explainer_tab.build()
+    blocks = {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
+    order = list(blocks)
+    assert order.index("diagram") < order.index("clover2-diagram")
+    svg = (FIGURES / "clover2.svg").read_text(encoding="utf-8")
+    assert svg in blocks["clover2-diagram"].value
+    assert svg not in blocks["diagram"].value
+    text = blocks["clover2-explainer"].value
+    assert "## Clover-2: what changed" in text
+    assert 4 <= sum(line.startswith("- ") for line in text.splitlines()) <= 6
+    assert "overfit" in text and "only when trained Clover-2" in text
+
+
+def test_served_app_has_the_clover2_figure(app_url):
+    import urllib.request
+
+    url, _ = app_url
+    with urllib.request.urlopen(url.rstrip("/") + "/config", timeout=30) as r:
+        config = json.load(r)
+    values = {c["props"].get("elem_id"): c["props"].get("value") for c in config["components"]}
+    assert '<title id="c2-title">' in values["clover2-diagram"]
+    assert '<title id="t">' in values["diagram"]
+    assert "Clover-2: what changed" in values["clover2-explainer"]
 
 
 def test_clear_messages_for_bad_input(app_url):
