@@ -120,55 +120,61 @@ def verify_once(target, cache, prefix_len: int, tree: Tree, batch_size: int = 1)
     return run
 
 
-def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3) -> list[float]:
+def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
     """Median wall time (ms) of one target forward over n new tokens on top of a KV cache
     of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
     attention mask, as verification runs them). Shows how the cost grows with the
-    tokens processed at once: nearly flat on a GPU, rising on a CPU."""
+    tokens processed at once: nearly flat on a GPU, rising on a CPU. With ``batch_size``
+    B, of one batched forward where each of B rows verifies n tokens (``clover.engine``'s
+    batched step)."""
     prefix_len = max(1, min(prefix_len, target.max_context - max(sizes)))  # fit any context
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, prefix_len + max(sizes)), generator=gen).to(target.device)
+    rows = ids[:, :prefix_len].expand(batch_size, -1)  # (B, P): every row the same text
     out = []
     with torch.inference_mode():
         cache = new_cache(target.config)
-        target.forward(ids[:, :prefix_len], torch.arange(prefix_len, device=target.device)[None],
-                       None, cache, last_only=True)
+        target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
+                             None, cache, last_only=True)
         for n in sizes:
             chain = Tree(ids[0, prefix_len: prefix_len + n], list(range(-1, n - 1)), list(range(n)),
                          [1.0] * n)
-            out.append(median_ms(verify_once(target, cache, prefix_len, chain), repeats))
+            out.append(median_ms(verify_once(target, cache, prefix_len, chain, batch_size), repeats))
     return out
 
 
 _COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3) -> list[float]:
+def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
     """This machine's verify cost curve: ms of one target forward over 1, 2, ..., ``n``
-    tokens on top of ``prefix_len`` cached ones (:func:`time_forward`), made
-    non-decreasing (timing noise aside, more tokens never cost less). Measured once per
-    target and size, then cached in memory.
+    tokens (per row, for ``batch_size`` rows) on top of ``prefix_len`` cached ones
+    (:func:`time_forward`), made non-decreasing (timing noise aside, more tokens never
+    cost less). Measured once per target, size and batch size, then cached in memory.
 
     Returns:
         a list of ``n`` times in ms.
     """
     cached = _COSTS.setdefault(target, {})
-    if n not in cached:
-        ms = time_forward(target, list(range(1, n + 1)), prefix_len=prefix_len, repeats=repeats)
-        cached[n] = [max(ms[: i + 1]) for i in range(n)]
-    return list(cached[n])
+    if (n, batch_size) not in cached:
+        ms = time_forward(target, list(range(1, n + 1)), prefix_len=prefix_len, repeats=repeats,
+                          batch_size=batch_size)
+        cached[n, batch_size] = [max(ms[: i + 1]) for i in range(n)]
+    return list(cached[n, batch_size])
 
 
-def sized_lookup(target, lookup=None):
+def sized_lookup(target, lookup=None, batch_size: int = 1):
     """``lookup`` (default ``LookupConfig()``) with this machine's verify cost curve for
     chains up to its ``max_tokens`` (:func:`verify_costs`, cached per target), so prompt
-    lookup drafts the length that pays here (``clover.lookup.best_length``)."""
+    lookup drafts the length that pays here (``clover.lookup.best_length``). With
+    ``batch_size`` B the curve is a batched step's, B rows each verifying as many tokens:
+    on a CPU every extra token costs B rows' worth, so a larger batch drafts shorter."""
     from dataclasses import replace
 
     from clover.lookup import LookupConfig
 
     lookup = lookup or LookupConfig()
-    return replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1)))
+    return replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1, batch_size=batch_size)))
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
@@ -378,8 +384,8 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
         path, recalibrate: see :func:`stored_auto_tree`.
         measure: False: never time anything; where no budget is stored, ``tree`` comes
             back still marked ``auto`` (the app then decides what to run meanwhile).
-        batch_size: the heads' tree is sized for batches of this many rows (the lookup
-            cost curve stays the one of a single row).
+        batch_size: the heads' tree and the lookup cost curve are sized for batches of
+            this many rows.
     Returns:
         (tree, lookup).
     """
@@ -387,7 +393,7 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
     if not tree.auto:
         return tree, lookup
     if lookup is not None and not lookup.costs and measure:
-        lookup = sized_lookup(target, lookup)
+        lookup = sized_lookup(target, lookup, batch_size)
     if heads is None:
         return replace(tree, auto=False), lookup
     found = stored_auto_tree(target, heads, replace(tree, auto=False), path, measure=measure,

@@ -377,12 +377,13 @@ def cmd_bench(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     def build(batch_size: int, reuse: dict | None = None) -> dict:
-        """The engine of every method, an "auto" tree sized for ``batch_size``; with
-        ``reuse``, the methods without heads are taken from there."""
+        """The engine of every method, an "auto" tree and lookup cost curve sized for
+        ``batch_size``; with ``reuse``, the methods with nothing to size (neither heads nor
+        lookup) are taken from there."""
         engines, sized = {}, set()  # a head kind's auto tree is measured once, then read from the store
         for m in sorted(cfg.methods, key=lambda m: "+" in m):
-            kind = None if m in (HF_LOOKUP, HF_GENERATE) else split_method(m)[0]
-            if reuse is not None and kind is None:
+            kind, uses_lookup = (None, False) if m in (HF_LOOKUP, HF_GENERATE) else split_method(m)
+            if reuse is not None and kind is None and not uses_lookup:
                 engines[m] = reuse[m]
             elif m in (HF_LOOKUP, HF_GENERATE):
                 engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
@@ -393,7 +394,8 @@ def cmd_bench(args) -> int:
         return {m: engines[m] for m in cfg.methods}
 
     engines = build(1)
-    # a sweep with the auto tree: the head methods' trees sized per batch size
+    # a sweep with the auto tree: the head methods' trees and the lookup cost curves sized
+    # per batch size
     batch_engines = ({size: build(size, engines) for size in cfg.batch_sizes if size > 1}
                      if cfg.sweep and tree.auto else {})
     trees_per_batch = {str(size): {m: e.tree.describe() for m, e in by_method.items() if e.heads is not None}
@@ -409,7 +411,12 @@ def cmd_bench(args) -> int:
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
                                               for m in cfg.methods
                                               if m not in (HF_LOOKUP, HF_GENERATE) and split_method(m)[0]},
-                                    **({"tree_chosen_per_batch_size": trees_per_batch} if batch_engines else {})},
+                                    **({"tree_chosen_per_batch_size": trees_per_batch,
+                                        "lookup_costs_per_batch_size": {
+                                            str(size): {m: list(e.lookup.costs) for m, e in by_method.items()
+                                                        if getattr(e, "lookup", None) is not None}
+                                            for size, by_method in batch_engines.items()}}
+                                       if batch_engines else {})},
                         batch_engines=batch_engines)
     if cfg.sweep:
         print(json.dumps({"out": args.out, "batch": results["batch_summary"]}, indent=1))

@@ -230,6 +230,29 @@ def test_lookup_accepts_copied_text():
     assert len(out.steps) < len(plain.steps)
 
 
+def test_lookup_cost_curve_is_measured_per_batch_size(monkeypatch):
+    """A batched step verifies B rows' chains in one forward: the lookup's cost curve is
+    that step's, measured (and cached) per batch size, and a real timing runs B rows."""
+    import clover.autotree as at
+
+    target = tiny_target("llama")
+    real = at.time_forward
+    seen = []
+
+    def fake(t, sizes, batch_size=1, **kw):
+        seen.append(batch_size)
+        return [10.0 * batch_size + 5.0 * batch_size * (n - 1) for n in sizes]
+
+    monkeypatch.setattr(at, "time_forward", fake)
+    _, one = at.resolve_tree(target, None, parse_tree_spec("auto"), LookupConfig(max_tokens=2))
+    _, four = at.resolve_tree(target, None, parse_tree_spec("auto"), LookupConfig(max_tokens=2), batch_size=4)
+    assert one.costs == (10.0, 15.0, 20.0) and four.costs == (40.0, 60.0, 80.0)
+    at.resolve_tree(target, None, parse_tree_spec("auto"), LookupConfig(max_tokens=2), batch_size=4)
+    assert seen == [1, 4]  # cached per (size, batch size)
+    ms = real(target, [1, 3], prefix_len=8, repeats=1, batch_size=3)
+    assert len(ms) == 2 and all(m > 0 for m in ms)
+
+
 def test_auto_tree_sizes_lookup_with_the_cost_curve(monkeypatch):
     import clover.autotree as at
 
