@@ -11,10 +11,12 @@ the Clover paper's Table 1, arXiv 2405.00263) decodes the prompts' first turns i
 batches of B consecutive prompts instead (:meth:`clover.engine.Engine.generate_batch`),
 methods interleaved per batch. Its throughput is total tokens/s over every row of a
 batch, its speedup is over plain decoding of the same batch at the same B (averaged
-over batches), and its accepted length is per row and step.
+over batches), and its accepted length is per row and step. :func:`batch_sweep_figure`
+draws it; a sweep's results.json committed as ``assets/bench/batch_sweep.json``
+(:func:`load_batch_sweep`) is what the app's explainer tab and notebook 04 show.
 
-Output folder: ``results.json`` (machine, settings, every run, summary),
-``results.md`` (a table per task category) and ``charts.html`` (Plotly).
+Output folder: ``results.json`` (machine, settings, the command line when the CLI ran it,
+every run, summary), ``results.md`` (a table per task category) and ``charts.html`` (Plotly).
 """
 from __future__ import annotations
 
@@ -564,6 +566,8 @@ def markdown_tables(results: dict) -> str:
              f"max_new_tokens={meta['config']['max_new_tokens']}, "
              f"temperature={meta['config']['temperature']}, repeats={meta['config']['repeats']}; "
              f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['processor']}.", ""]
+    if meta.get("command"):
+        lines += [f"Made with `{meta['command']}`.", ""]
     if results.get("mismatches"):
         lines += ["**⚠ Greedy output differs from plain decoding** (a correctness bug): "
                   + "; ".join(results["mismatches"]), ""]
@@ -603,32 +607,88 @@ def batch_table(batch_summary: dict) -> list[str]:
     return lines + [""]
 
 
-def write_batch_charts(results: dict, path: Path) -> None:
-    """Plotly HTML of a batch-size sweep: total tokens/s and speedup over plain decoding
-    against batch size, one line per method (the shape of the Clover paper's Table 1)."""
+BATCH_SWEEP_FILE = Path("bench") / "batch_sweep.json"  # under clover.assets.assets_dir()
+
+
+def load_batch_sweep(path: str | Path | None = None) -> dict | None:
+    """The committed batch-size sweep: a ``clover bench --batch-size ...`` results.json
+    (``meta`` with the config and the ``command`` that made it, and ``batch_summary``),
+    read from ``path`` or else ``assets/bench/batch_sweep.json``
+    (:func:`clover.assets.assets_dir`). None when the file does not exist (the measurement
+    is not committed yet); drawn by :func:`batch_sweep_figure`, never re-run.
+
+    Raises:
+        ValueError: when the file is not a batch-size sweep or does not say how it was made.
+    """
+    if path is None:
+        from clover.assets import assets_dir
+
+        path = assets_dir() / BATCH_SWEEP_FILE
+    path = Path(path)
+    if not path.is_file():
+        return None
+    results = json.loads(path.read_text(encoding="utf-8"))
+    meta = results.get("meta", {})
+    if "batch_summary" not in results or "config" not in meta:
+        raise ValueError(f"{path} is not a batch-size sweep's results.json (no batch_summary or meta.config)")
+    if not meta.get("command"):
+        raise ValueError(f"{path} does not record the command that made it (meta.command)")
+    return results
+
+
+def batch_sweep_figure(results: dict):
+    """The shape of the Clover paper's Table 1 (arXiv 2405.00263) from a batch-size sweep's
+    results (``results.json`` with ``batch_summary``): one line per method, in the order of
+    ``meta.config.methods``, over two panels sharing the x axis.
+
+    - x (both panels): batch size B, the prompts decoded together (log scale, one tick per
+      size swept);
+    - y, top: total decoding speed, tokens/s summed over every row of a batch;
+    - y, bottom: speedup, the method's tokens/s over plain decoding's on the same batches
+      at the same batch size (plain decoding itself is the line at 1).
+
+    Methods keep their colour (:data:`clover.methods.METHOD_COLORS`); transformers'
+    batched ``generate`` (``hf-generate``, the reference for plain decoding) is drawn in
+    plain decoding's grey, dashed. Each trace's ``meta`` is its method name.
+
+    Returns:
+        a ``plotly.graph_objects.Figure``.
+    """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from clover.methods import METHOD_LABELS
+
     summary = results["batch_summary"]
-    sizes = [int(b) for b in summary]
+    sizes = sorted(int(b) for b in summary)
+    meta = results.get("meta", {})
+    methods = list(meta.get("config", {}).get("methods")
+                   or dict.fromkeys(m for by_method in summary.values() for m in by_method))
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=(
         "Total decoding speed (all rows of a batch)",
         "Speedup over plain decoding at the same batch size"))
-    for m in results["meta"]["config"]["methods"]:
+    for m in methods:
         entries = [summary[str(b)].get(m, {}) for b in sizes]
-        style = dict(mode="lines+markers", line=dict(color=METHOD_COLORS.get(m)), legendgroup=m)
-        fig.add_trace(go.Scatter(name=m, x=sizes, y=[e.get("tokens_per_second") for e in entries], **style),
-                      row=1, col=1)
-        fig.add_trace(go.Scatter(name=m, x=sizes, y=[e.get("speedup") for e in entries], showlegend=False,
-                                 **style), row=2, col=1)
+        line = (dict(color=METHOD_COLORS["ar"], dash="dash") if m == HF_GENERATE
+                else dict(color=METHOD_COLORS.get(m)))
+        name = "transformers generate" if m == HF_GENERATE else METHOD_LABELS.get(m, m)
+        style = dict(mode="lines+markers", line=line, legendgroup=m, name=name, meta=m, x=sizes)
+        fig.add_trace(go.Scatter(y=[e.get("tokens_per_second") for e in entries], **style), row=1, col=1)
+        fig.add_trace(go.Scatter(y=[e.get("speedup") for e in entries], showlegend=False, **style),
+                      row=2, col=1)
     for row in (1, 2):
         fig.update_xaxes(title_text="batch size", type="log", tickvals=sizes, ticktext=[str(b) for b in sizes],
                          row=row, col=1)
     fig.update_yaxes(title_text="tokens / s", row=1, col=1)
     fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
-    fig.update_layout(height=800, title=f"clover bench --batch-size: {results['meta']['model']} "
-                      f"on {results['meta']['device']}")
-    fig.write_html(str(path), include_plotlyjs=True)
+    where = f": {meta['model']} on {meta['device']}" if "model" in meta and "device" in meta else ""
+    fig.update_layout(height=800, title=f"Speedup against batch size{where}")
+    return fig
+
+
+def write_batch_charts(results: dict, path: Path) -> None:
+    """Plotly HTML of a batch-size sweep: :func:`batch_sweep_figure`, self-contained."""
+    batch_sweep_figure(results).write_html(str(path), include_plotlyjs=True)
 
 
 def write_charts(results: dict, path: Path) -> None:

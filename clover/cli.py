@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from dataclasses import asdict
 
@@ -401,7 +402,7 @@ def cmd_bench(args) -> int:
     trees_per_batch = {str(size): {m: e.tree.describe() for m, e in by_method.items() if e.heads is not None}
                        for size, by_method in batch_engines.items()}
     results = run_bench(target, engines, args.prompts or _shipped_prompts("heldout.jsonl"), args.out, cfg,
-                        extra_meta={"tree": args.tree,
+                        extra_meta={"command": args.command_line, "tree": args.tree,
                                     "tree_budget": {m: e.tree.budget for m, e in engines.items()
                                                     if e.heads is not None and e.tree.kind == "dynamic"},
                                     "tree_chosen": {m: e.tree.describe() for m, e in engines.items()
@@ -434,6 +435,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    # as typed, for the results a command writes (clover bench: meta.command)
+    args.command_line = shlex.join(["clover", *(sys.argv[1:] if argv is None else argv)])
     if args.threads:
         import torch
 

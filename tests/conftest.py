@@ -63,6 +63,20 @@ def tiny_model(arch: str, vocab_size: int = 96, seed: int = 0, eos: int | None =
     return model.eval()
 
 
+# A hand-written batch-size sweep (bench results.json shape; a test fixture, not a
+# measurement): two batch sizes, three methods.
+BATCH_SWEEP = {"meta": {"model": "tiny", "device": "cpu", "torch_threads": 2, "processor": "x86_64",
+                        "command": "clover bench --methods ar,hf-generate,clover --batch-size 1,4",
+                        "config": {"methods": ["ar", "hf-generate", "clover"], "batch_sizes": [1, 4]}},
+               "mismatches": [],
+               "batch_summary": {"1": {"ar": {"tokens_per_second": 10.0, "speedup": 1.0},
+                                       "hf-generate": {"tokens_per_second": 9.0, "speedup": 0.9},
+                                       "clover": {"tokens_per_second": 16.0, "speedup": 1.6}},
+                                 "4": {"ar": {"tokens_per_second": 36.0, "speedup": 1.0},
+                                       "hf-generate": {"tokens_per_second": 34.0, "speedup": 0.95},
+                                       "clover": {"tokens_per_second": 40.0, "speedup": 1.1}}},
+               "runs": []}
+
 # scripts/gpu_check.sh runs the engine tests with CLOVER_TEST_DEVICE=cuda
 TEST_DEVICE = os.environ.get("CLOVER_TEST_DEVICE", "cpu")
 

@@ -14,7 +14,7 @@ from app import runner
 from app.metrics import ACCEPTED, BONUS, REJECTED, ROOT
 from app.ui import build_demo
 from clover import Engine, encode_prompt
-from conftest import ScriptedHeads, oracle_tree_fn, serve, tiny_model, tiny_tokenizer
+from conftest import BATCH_SWEEP, ScriptedHeads, oracle_tree_fn, serve, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +148,52 @@ def test_explainer_tab_shows_the_clover2_figure_below_the_first():
     assert "## Clover-2: what changed" in text
     assert 4 <= sum(line.startswith("- ") for line in text.splitlines()) <= 6
     assert "overfit" in text and "only when trained Clover-2" in text
+
+
+def _explainer_blocks() -> dict:
+    import gradio as gr
+
+    from app import explainer_tab
+
+    with gr.Blocks() as demo:
+        explainer_tab.build()
+    return {b.elem_id: b for b in demo.blocks.values() if b.elem_id}
+
+
+def test_explainer_at_scale_without_a_committed_sweep_says_so(tmp_path, monkeypatch):
+    """No assets/bench/batch_sweep.json: the text and a one-line note, no empty plot."""
+    import gradio as gr
+
+    monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
+    blocks = _explainer_blocks()
+    order = list(blocks)
+    assert order.index("clover2-explainer") < order.index("at-scale-explainer") < order.index("at-scale-missing")
+    assert "## At scale: batched serving" in blocks["at-scale-explainer"].value
+    assert "Table 1" in blocks["at-scale-explainer"].value and "CPU" in blocks["at-scale-explainer"].value
+    assert "not committed yet" in blocks["at-scale-missing"].value
+    assert len(blocks["at-scale-missing"].value.splitlines()) == 1
+    assert "at-scale-plot" not in blocks and "at-scale-command" not in blocks
+    assert not [b for b in blocks.values() if isinstance(b, gr.Plot)]
+
+
+def test_explainer_at_scale_draws_the_committed_sweep_with_its_command(tmp_path, monkeypatch):
+    """A committed sweep (here conftest's hand-written fixture) is drawn by
+    clover.bench.batch_sweep_figure, with the command that made it beneath; nothing runs."""
+    from clover.bench import BATCH_SWEEP_FILE
+
+    path = tmp_path / BATCH_SWEEP_FILE
+    path.parent.mkdir()
+    path.write_text(json.dumps(BATCH_SWEEP))
+    monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
+    monkeypatch.setattr(Engine, "generate_batch", lambda *a, **k: pytest.fail("the app re-ran the sweep"))
+    blocks = _explainer_blocks()
+    assert "at-scale-missing" not in blocks
+    order = list(blocks)
+    assert order.index("at-scale-explainer") < order.index("at-scale-plot") < order.index("at-scale-command")
+    plot = json.loads(blocks["at-scale-plot"].value["plot"])
+    speedups = {t["meta"]: t["y"] for t in plot["data"] if t.get("yaxis") == "y2"}
+    assert speedups == {"ar": [1.0, 1.0], "hf-generate": [0.9, 0.95], "clover": [1.6, 1.1]}
+    assert f"`{BATCH_SWEEP['meta']['command']}`" in blocks["at-scale-command"].value
 
 
 def test_served_app_has_the_clover2_figure(app_url):

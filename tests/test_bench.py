@@ -8,6 +8,7 @@ import pytest
 
 from clover.bench import BenchConfig
 from clover.cli import main
+from conftest import BATCH_SWEEP
 
 
 
@@ -259,6 +260,11 @@ def test_bench_batch_size_sweep(tiny_dir, prompts, tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert "## Speedup against batch size" in md and "| 2 | clover+lookup |" in md
     assert "Speedup over plain decoding at the same batch size" in (out / "charts.html").read_text()
+    # the command that made the results, as typed (argv given to main)
+    assert res["meta"]["command"] == ("clover bench --model " + str(tiny_dir) + " --prompts " + str(prompts)
+                                      + " --max-new-tokens 8 --methods ar,medusa,clover+lookup --tree small"
+                                      " --batch-size 1,2 --out " + str(out))
+    assert f"Made with `{res['meta']['command']}`" in md
 
 
 def test_bench_batch_size_errors(tiny_dir, prompts, tmp_path, capsys):
@@ -329,3 +335,51 @@ def test_bench_sweep_sizes_the_auto_tree_per_batch_size(tiny_dir, prompts, tmp_p
     assert rc == 0 and sorted(sized) == [1, 2]
     meta = json.loads((out / "results.json").read_text())["meta"]
     assert set(meta["tree_chosen_per_batch_size"]) == {"2"} and "medusa" in meta["tree_chosen_per_batch_size"]["2"]
+
+
+def test_batch_sweep_figure_draws_one_line_per_method_per_panel():
+    from clover.bench import batch_sweep_figure
+    from clover.methods import METHOD_COLORS
+
+    fig = batch_sweep_figure(BATCH_SWEEP)
+    top = [t for t in fig.data if t.yaxis == "y"]
+    bottom = [t for t in fig.data if t.yaxis == "y2"]
+    assert [t.meta for t in top] == [t.meta for t in bottom] == ["ar", "hf-generate", "clover"]
+    for t in fig.data:
+        assert list(t.x) == [1, 4]
+    assert {t.meta: list(t.y) for t in bottom} == {"ar": [1.0, 1.0], "hf-generate": [0.9, 0.95],
+                                                   "clover": [1.6, 1.1]}
+    assert {t.meta: list(t.y) for t in top} == {"ar": [10.0, 36.0], "hf-generate": [9.0, 34.0],
+                                                "clover": [16.0, 40.0]}
+    assert [t.line.color for t in top] == [METHOD_COLORS["ar"], METHOD_COLORS["ar"], METHOD_COLORS["clover"]]
+    assert top[1].line.dash == "dash"  # transformers' generate: plain decoding's reference
+    assert [t.showlegend for t in bottom] == [False] * 3 and [t.name for t in top][::2] == ["Plain", "Clover"]
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.title.text == "batch size"
+    assert fig.layout.yaxis2.title.text == "speedup (x)"
+
+
+def test_write_batch_charts_draws_the_same_figure(tmp_path):
+    from clover.bench import write_charts
+
+    write_charts(BATCH_SWEEP, tmp_path / "charts.html")
+    html = (tmp_path / "charts.html").read_text()
+    assert "Speedup against batch size: tiny on cpu" in html and '"meta":"hf-generate"' in html
+
+
+def test_load_batch_sweep_reads_the_committed_file_or_none(tmp_path, monkeypatch):
+    from clover.bench import BATCH_SWEEP_FILE, load_batch_sweep
+
+    monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
+    assert load_batch_sweep() is None  # not committed yet
+    assert load_batch_sweep(tmp_path / "elsewhere.json") is None
+    path = tmp_path / BATCH_SWEEP_FILE
+    path.parent.mkdir()
+    path.write_text(json.dumps(BATCH_SWEEP))
+    assert load_batch_sweep() == BATCH_SWEEP == load_batch_sweep(path)
+    # a file that cannot say what it is or how it was made is refused, not drawn
+    path.write_text(json.dumps({**BATCH_SWEEP, "meta": {**BATCH_SWEEP["meta"], "command": ""}}))
+    with pytest.raises(ValueError, match="meta.command"):
+        load_batch_sweep()
+    path.write_text(json.dumps({"meta": BATCH_SWEEP["meta"], "summary": {}}))
+    with pytest.raises(ValueError, match="not a batch-size sweep"):
+        load_batch_sweep()
