@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter,
+from clover.heads.base import (CONFIG_FILE, HEAD_KINDS, DraftHeads, Drafter, HeadConfig, PlainDrafter,
                                check_fits, fingerprint_matches)
 from clover.heads.clover import CloverHeads
 from clover.heads.clover2 import Clover2Heads
@@ -12,7 +12,7 @@ from clover.heads.medusa import MedusaHeads
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ar", "medusa", "clover", "clover2")
+METHODS = ("ar", *HEAD_KINDS)  # what heads_for accepts: plain decoding or a head kind
 
 
 def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config) -> DraftHeads:
