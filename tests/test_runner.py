@@ -19,6 +19,14 @@ from clover.heads import new_heads
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
 
+@pytest.fixture(autouse=True)
+def own_auto_tree_store(tmp_path, monkeypatch):
+    """Each test keeps its measured auto trees in its own store (``$CLOVER_CACHE_DIR``), so
+    that a budget stored by an earlier run on a busy machine (even "off") cannot decide
+    them; these tests use tiny models only, never the embedded model's cache."""
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
+
+
 def test_tree_config_choices():
     assert app_settings.tree_config("auto") == app_settings.auto_tree() == TreeConfig(auto=True)
     assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, branching=3)
