@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from clover.methods import METHOD_LABELS
-from clover.trace import StepTrace, acceptance_by_depth  # noqa: F401  (the one definition)
+from clover.trace import (StepTrace, acceptance_by_depth, engine_ms, speedup,  # noqa: F401  (the one
+                          time_to_tokens, timeline, tokens_at)                  # definitions)
 
 # Status of a node in a step's candidate tree (plus the bonus token drawn after it).
 # CUT: accepted by verification but after the end of generation, so never committed.
@@ -25,60 +26,6 @@ def node_statuses(step: StepTrace) -> list[str]:
     accepted, cut = set(step.accepted), set(step.cut)
     return [ROOT if n.parent < 0 else ACCEPTED if n.id in accepted else CUT if n.id in cut
             else REJECTED for n in step.nodes]
-
-
-def engine_ms(step: StepTrace) -> float:
-    """Engine time of one step in ms: drafting plus verification."""
-    return step.draft_ms + step.verify_ms
-
-
-def timeline(steps: Sequence[StepTrace]) -> list[tuple[float, int]]:
-    """Cumulative (engine ms, tokens committed) after each step, starting at (0, 0)."""
-    points, t = [(0.0, 0)], 0.0
-    for s in steps:
-        t += engine_ms(s)
-        points.append((t, s.total_tokens))
-    return points
-
-
-def tokens_at(steps: Sequence[StepTrace], t_ms: float) -> int:
-    """Tokens committed once ``t_ms`` of engine time has passed (a step's tokens land at
-    its end)."""
-    tokens = 0
-    for t, n in timeline(steps):
-        if t > t_ms:
-            break
-        tokens = n
-    return tokens
-
-
-def time_to_tokens(steps: Sequence[StepTrace], n: int) -> float | None:
-    """Engine ms until at least ``n`` tokens were committed; None if the run never got there."""
-    for t, tokens in timeline(steps):
-        if tokens >= n:
-            return t
-    return None
-
-
-def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float | None:
-    """How many times faster ``steps`` produced its tokens than ``baseline`` (engine time).
-
-    Compared at the same token count: the baseline's time to reach the tokens ``steps``
-    has so far, over the time ``steps`` took. Where the baseline stopped earlier (EOS
-    when sampling), the ratio of the two runs' tokens per second.
-    """
-    if not steps or not baseline:
-        return None
-    n, t = steps[-1].total_tokens, sum(engine_ms(s) for s in steps)
-    if n == 0 or t <= 0:
-        return None
-    t_base = time_to_tokens(baseline, n)
-    if t_base is not None:
-        return t_base / t
-    n_base, t_base = baseline[-1].total_tokens, sum(engine_ms(s) for s in baseline)
-    if n_base == 0 or t_base <= 0:
-        return None
-    return (n / t) / (n_base / t_base)
 
 
 @dataclass

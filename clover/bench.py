@@ -2,7 +2,8 @@
 
 Every method runs on the same prompts, interleaved per prompt (A B C A B C), after a
 warm-up, at batch size 1, through the same engine. Speedup is per prompt and repeat
-(method tokens/s over plain tokens/s on that prompt in that repeat), then averaged
+(:func:`clover.trace.speedup`, the definition the app shows live: for the same text,
+the method's tokens/s over plain's on that prompt in that repeat), then averaged
 (Spec-Bench's protocol, arXiv 2401.07851 §4). Multi-turn prompts are answered turn by
 turn, each method continuing its own conversation.
 
@@ -34,7 +35,7 @@ from clover.acceptance import SamplingConfig
 from clover.engine import Engine
 from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.training.prompts import interleave_categories, read_prompts
-from clover.trace import GenerationResult, acceptance_rates
+from clover.trace import GenerationResult, acceptance_rates, speedup
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class RunRecord:
     ttft_ms: float = 0.0  # time to the first new token: prefill + the first step, first turn
     lookup_share: float | None = None  # accepted drafts that prompt lookup proposed (methods with lookup)
     batch_size: int = 1  # rows decoded together (sweep: question_id joins theirs with ",")
+    speedup: float | None = None  # over the plain run of the same prompt or batch (clover.trace.speedup)
 
 
 def lookup_share(steps) -> float | None:
@@ -319,6 +321,17 @@ def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig
     return results
 
 
+def mark_speedups(group: list[RunRecord], steps: list[list]) -> None:
+    """Set each record's ``speedup`` over the plain ("ar") run of the same prompt (or
+    batch), whatever order the methods ran in: :func:`clover.trace.speedup` of its steps
+    (``steps[i]`` belongs to ``group[i]``: every turn's, or every row's) against plain's;
+    nothing without a plain run."""
+    base = next((st for x, st in zip(group, steps) if x.method == "ar"), None)
+    if base is not None:
+        for x, st in zip(group, steps):
+            x.speedup = speedup(st, base)
+
+
 def mark_matches_plain(group: list[RunRecord], temperature: float) -> None:
     """Greedy exactness of one prompt's (or batch's) runs, whatever order the methods
     ran in: set each non-plain record's ``matches_plain`` to whether its text equals the
@@ -379,6 +392,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     for r in range(cfg.repeats):
         for i, p in enumerate(prompts):
             group: list[RunRecord] = []
+            group_steps: list[list] = []
             for m in cfg.methods:  # interleaved: A B C per prompt
                 bar.set_postfix(prompt=str(p["question_id"]), method=m)
                 seed = cfg.seed * 1_000_003 + r * 10_007 + i
@@ -404,9 +418,11 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                                                       + results[0].steps[0].verify_ms
                                                       if results[0].steps else 0.0))
                 group.append(rec)
+                group_steps.append(all_steps)
                 records.append(rec)
                 bar.update(1)
             mark_matches_plain(group, cfg.temperature)
+            mark_speedups(group, group_steps)
     bar.close()
     mismatches = [f"{x.method} on {x.question_id} (repeat {x.repeat})" for x in records
                   if x.matches_plain is False]
@@ -491,14 +507,16 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
         for r in range(cfg.repeats):
             for rows in rows_list:
                 seeds = [cfg.seed * 1_000_003 + r * 10_007 + i for i in rows]  # as per prompt
-                group = []
+                group, group_steps = [], []
                 for m in cfg.methods:
                     bar.set_postfix(batch_size=b, method=m)
                     results = by_method[m].generate_batch([ids[i] for i in rows], cfg.max_new_tokens,
                                                           sampling, seeds=seeds)
                     group.append(batch_record(results, by_method[m], [qids[i] for i in rows], m, r))
+                    group_steps.append([s for x in results for s in x.steps])
                     bar.update(1)
                 mark_matches_plain(group, cfg.temperature)
+                mark_speedups(group, group_steps)
                 records += group
     bar.close()
     mismatches = [f"{x.method} on {x.question_id} (batch size {x.batch_size}, repeat {x.repeat})"
@@ -516,8 +534,8 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
 
 def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
     """Per category (and "all") and method: mean tokens/s, accepted length, draft and
-    verify ms, speedup over plain (mean of per-prompt ratios) with min-max over repeats."""
-    plain = {(x.question_id, x.repeat): x for x in records if x.method == "ar"}
+    verify ms, speedup over plain (each record's :func:`clover.trace.speedup`, averaged
+    over prompts per repeat) with min-max over repeats."""
     cats = sorted({x.category for x in records}) + ["all"]
     out: dict = {}
     for c in cats:
@@ -539,17 +557,14 @@ def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
                 entry["acceptance_per_depth"] = [
                     statistics.fmean(x.acceptance_per_depth[d] for x in rows if len(x.acceptance_per_depth) > d)
                     for d in range(depth)]
-            if plain:
-                ratios_by_repeat: dict[int, list[float]] = {}
-                for x in rows:
-                    base = plain.get((x.question_id, x.repeat))
-                    if base and base.tokens_per_second > 0:
-                        ratios_by_repeat.setdefault(x.repeat, []).append(
-                            x.tokens_per_second / base.tokens_per_second)
+            ratios_by_repeat: dict[int, list[float]] = {}
+            for x in rows:
+                if x.speedup is not None:
+                    ratios_by_repeat.setdefault(x.repeat, []).append(x.speedup)
+            if ratios_by_repeat:
                 per_repeat = [statistics.fmean(v) for v in ratios_by_repeat.values()]
-                if per_repeat:
-                    entry["speedup"] = statistics.fmean(per_repeat)
-                    entry["speedup_min"], entry["speedup_max"] = min(per_repeat), max(per_repeat)
+                entry["speedup"] = statistics.fmean(per_repeat)
+                entry["speedup_min"], entry["speedup_max"] = min(per_repeat), max(per_repeat)
             if cfg.temperature == 0 and m != "ar":
                 flags = [x.matches_plain for x in rows if x.matches_plain is not None]
                 entry["all_match_plain"] = all(flags) if flags else None

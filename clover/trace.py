@@ -196,3 +196,79 @@ def acceptance_rates(steps: Sequence[StepTrace], depth: int) -> list[float]:
     over drafted), 0.0 at a depth no step drafted."""
     rows = {d: reached / drafted for d, reached, drafted in acceptance_by_depth(steps)}
     return [rows.get(d, 0.0) for d in range(1, depth + 1)]
+
+
+def engine_ms(step: StepTrace) -> float:
+    """Engine time of one step in ms: drafting plus verification (``decode_s`` is their
+    sum over a run's steps)."""
+    return step.draft_ms + step.verify_ms
+
+
+def timeline(steps: Sequence[StepTrace]) -> list[tuple[float, int]]:
+    """Cumulative (engine ms, tokens committed) after each step, starting at (0, 0).
+
+    Tokens are counted from each step's ``accepted_length``, so the steps of several
+    turns of one conversation may be given one after another. Steps of more than one
+    ``row`` are a batched run (one turn): the rows of a batch step share its time, so
+    each step index counts its time once and every row's tokens.
+    """
+    points, t, n = [(0.0, 0)], 0.0, 0
+    if len({s.row for s in steps}) > 1:
+        by_step: dict[int, list[StepTrace]] = {}
+        for s in steps:
+            by_step.setdefault(s.step, []).append(s)
+        groups = [by_step[k] for k in sorted(by_step)]
+    else:
+        groups = [[s] for s in steps]
+    for group in groups:
+        t += engine_ms(group[0])
+        n += sum(s.accepted_length for s in group)
+        points.append((t, n))
+    return points
+
+
+def tokens_at(steps: Sequence[StepTrace], t_ms: float) -> int:
+    """Tokens committed once ``t_ms`` of engine time has passed (a step's tokens land at
+    its end)."""
+    tokens = 0
+    for t, n in timeline(steps):
+        if t > t_ms:
+            break
+        tokens = n
+    return tokens
+
+
+def time_to_tokens(steps: Sequence[StepTrace], n: int) -> float | None:
+    """Engine ms until at least ``n`` tokens were committed; None if the run never got there."""
+    for t, tokens in timeline(steps):
+        if tokens >= n:
+            return t
+    return None
+
+
+def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float | None:
+    """Speedup, the one definition (app, bench, notebooks): how many times faster
+    ``steps`` committed its tokens than ``baseline`` did, in engine time (:func:`engine_ms`).
+
+    Compared at the same token count: the baseline's time to reach the n tokens that
+    ``steps`` has, over the time ``steps`` took for them. For two whole runs of the same
+    text (greedy decoding is exact) that is the ratio of their tokens per second; for a
+    live run it compares the same stretch of text. Where the baseline never reached n
+    tokens (it stopped earlier, e.g. EOS when sampling), the ratio of the two runs'
+    tokens per second. The bench averages this per prompt (or batch) over prompts.
+
+    Returns:
+        The ratio (> 1: faster than the baseline), or None when either run has no
+        tokens or no time.
+    """
+    if not steps or not baseline:
+        return None
+    (t, n), (t_all, n_all) = timeline(steps)[-1], timeline(baseline)[-1]
+    if n == 0 or t <= 0:
+        return None
+    t_base = time_to_tokens(baseline, n)
+    if t_base is not None:
+        return t_base / t
+    if n_all == 0 or t_all <= 0:
+        return None
+    return (n / t) / (n_all / t_all)

@@ -203,6 +203,26 @@ def test_timeline_speedup_and_stats():
     assert metrics.run_stats([]).tokens == 0
 
 
+def test_speedup_counts_turns_and_batch_rows():
+    """The one speedup definition (clover.trace) reads a conversation's turns one after
+    another and a batched run's rows as sharing each step's time."""
+    from dataclasses import replace
+
+    from clover import trace
+    assert metrics.speedup is trace.speedup  # the app shows the bench's definition
+    # two turns: the second turn's total_tokens restarts at 1, tokens still add up
+    turns = [plain_step(0, 1, ms=10.0), plain_step(1, 2, ms=10.0), plain_step(0, 1, ms=10.0)]
+    assert trace.timeline(turns)[-1] == (30.0, 3)
+    spec = [chain_step(0, 3, 2, ms=15.0)]
+    assert trace.speedup(spec, turns) == pytest.approx(30.0 / 15.0)
+    # a batch of two rows: a step's time counts once, both rows' tokens count
+    rows = [replace(plain_step(k, k + 1, ms=10.0), row=r) for r in (0, 1) for k in range(3)]
+    assert trace.timeline(rows) == [(0.0, 0), (10.0, 2), (20.0, 4), (30.0, 6)]
+    batch_spec = [replace(chain_step(0, 3, 2, ms=15.0), row=r) for r in (0, 1)]
+    assert trace.speedup(batch_spec, rows) == pytest.approx(30.0 / 15.0)
+    assert trace.speedup(rows, rows) == pytest.approx(1.0)
+
+
 def test_race_figure_replays_recorded_times():
     runs = {"ar": [plain_step(i, i + 1, ms=10.0) for i in range(6)],
             "clover": [chain_step(0, 3, 2, ms=15.0), chain_step(1, 6, 2, ms=15.0)]}
