@@ -71,13 +71,10 @@ def test_time_forward_times_each_size():
 
 
 def _scripted_time(plain_ms, other_ms):
-    """A stand-in for autotree.median_ms: the first call (the plain step) costs ``plain_ms``,
-    every later one (drafting, verification) ``other_ms``."""
-    calls = []
-
-    def fake(fn, repeats):
-        calls.append(1)
-        return plain_ms if len(calls) == 1 else other_ms
+    """A stand-in for autotree.medians_ms: the first function (the plain step) costs
+    ``plain_ms``, every later one (drafting, verification) ``other_ms``."""
+    def fake(fns, repeats):
+        return [plain_ms] + [other_ms] * (len(fns) - 1)
     return fake
 
 
@@ -88,7 +85,7 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
 
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
-    monkeypatch.setattr(at, "median_ms", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
+    monkeypatch.setattr(at, "medians_ms", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.off and report.chosen == 0 and "speculation off" in tree.describe()
     out = Engine(target, heads, tree).generate([5, 6, 7], 12)
@@ -96,7 +93,7 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     assert all(len(s.nodes) == 1 for s in out.steps)  # nothing drafted
     # stored as "off" and read back as off
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
-    monkeypatch.setattr(at, "median_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
+    monkeypatch.setattr(at, "medians_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
