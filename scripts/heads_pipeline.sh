@@ -28,7 +28,7 @@ run full-v2-medusa --preset smollm2-medusa
 # a third learning-curve point: the first 1,200 conversations (the pilots had 2,400), with
 # steps scaled down as well
 run small-v2-clover --preset smollm2-clover --max-conversations 1200 --steps 1000
-# Clover-2 (issue 15) on the same data, steps and budget: its reference recipe's K = 5
+# Clover-2 (issue 15) on the same data, steps, budget and K = 3 heads (the preset says why)
 run full-v2-clover2 --preset smollm2-clover2
 # ablations on the same data and steps: regularisation, then HASS top-K distillation
 run full-v2-clover-reg --preset smollm2-clover --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
