@@ -132,6 +132,26 @@ def verify_once(target, cache, prefix_len: int, tree: Tree, batch_size: int = 1)
     return run
 
 
+def prefilled_rows(target, prefix_len: int, batch_size: int = 1, extra: int = 0):
+    """A KV cache of ``batch_size`` rows holding the same ``prefix_len`` random tokens
+    (seeded), the timing set-up of :func:`time_forward` and :func:`auto_tree`.
+
+    Call under ``torch.inference_mode()``.
+
+    Returns:
+        (ids (1, prefix_len + extra) long: the prefix then ``extra`` more tokens to
+        verify, the cache, the prefill's :class:`~clover.models.TargetOutput`: hidden
+        states (B, P, D) at every position, logits at the last only).
+    """
+    ids = torch.randint(0, target.vocab_size, (1, prefix_len + extra),
+                        generator=torch.Generator().manual_seed(0)).to(target.device)
+    rows = ids[:, :prefix_len].expand(batch_size, -1)  # (B, P): every row the same text
+    cache = new_cache(target.config)
+    out = target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
+                               None, cache, last_only=True)
+    return ids, cache, out
+
+
 def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
     """Median wall time (ms) of one target forward over n new tokens on top of a KV cache
     of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
@@ -140,13 +160,8 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_s
     B, of one batched forward where each of B rows verifies n tokens (``clover.engine``'s
     batched step)."""
     prefix_len = max(1, min(prefix_len, target.max_context - max(sizes)))  # fit any context
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, target.vocab_size, (1, prefix_len + max(sizes)), generator=gen).to(target.device)
-    rows = ids[:, :prefix_len].expand(batch_size, -1)  # (B, P): every row the same text
     with torch.inference_mode():
-        cache = new_cache(target.config)
-        target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
-                             None, cache, last_only=True)
+        ids, cache, _ = prefilled_rows(target, prefix_len, batch_size, extra=max(sizes))
         chains = [Tree(ids[0, prefix_len: prefix_len + n], list(range(-1, n - 1)), list(range(n)),
                        [1.0] * n) for n in sizes]
         return medians_ms([verify_once(target, cache, prefix_len, c, batch_size) for c in chains], repeats)
@@ -250,13 +265,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 
     # cost curve on this hardware
     prefix_len = max(1, min(prefix_len, target.max_context - depth - 2))
-    ids = torch.randint(0, target.vocab_size, (1, prefix_len),
-                        generator=torch.Generator().manual_seed(0)).to(target.device)
-    rows = ids.expand(batch_size, -1)  # (B, P): every row the same text
     with torch.inference_mode():
-        cache = new_cache(target.config)
-        out = target.forward_batch(rows, torch.arange(prefix_len, device=target.device)[None].expand_as(rows),
-                                   None, cache, last_only=True)
+        ids, cache, out = prefilled_rows(target, prefix_len, batch_size)
+
         def drafters_for(tree_cfg: TreeConfig) -> list:  # per row, having seen the prefix
             drafters = [heads.drafter(target, tree_cfg) for _ in range(batch_size)]
             for b, drafter in enumerate(drafters):
