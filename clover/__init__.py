@@ -7,9 +7,10 @@ app, benchmark, notebooks. Importing this package does no work and needs no Grad
 from clover.acceptance import SamplingConfig
 from clover.assets import assets_dir
 from clover.engine import Engine
-from clover.heads import HeadConfig, load_heads, new_heads
+from clover.autotree import resolve_tree
+from clover.heads import HeadConfig, heads_for, load_heads, new_heads
 from clover.lookup import LookupConfig
-from clover.methods import ALL_METHODS, engine_for
+from clover.methods import ALL_METHODS, split_method
 from clover.models import TargetModel, encode_prompt, load_target
 from clover.trace import GenerationResult, StepTrace, TreeNode
 from clover.tree import TreeConfig, parse_tree_spec
@@ -17,3 +18,27 @@ from clover.tree import TreeConfig, parse_tree_spec
 __all__ = ["Engine", "engine_for", "ALL_METHODS", "LookupConfig", "SamplingConfig", "TreeConfig",
            "parse_tree_spec", "HeadConfig", "load_heads", "new_heads", "TargetModel", "load_target",
            "encode_prompt", "GenerationResult", "StepTrace", "TreeNode", "assets_dir"]
+
+
+def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
+               lookup=None, *, recalibrate: bool = False, batch_size: int = 1):
+    """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
+    :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
+    target, else fresh ones) and the tree setting resolved for this machine by
+    :func:`clover.autotree.resolve_tree` ("auto": the stored budget, else measured and
+    stored, seconds on a CPU).
+
+    Args:
+        method: one of :data:`ALL_METHODS`.
+        tree: a ``TreeConfig`` for the head methods (default ``TreeConfig()``), "auto" or not.
+        lookup: the ``LookupConfig`` when the method uses lookup (default ``LookupConfig()``).
+        recalibrate: measure the auto tree again even where one is stored.
+        batch_size: size an "auto" tree for batches of this many rows.
+    Raises:
+        ValueError: unknown method, heads that do not fit.
+    """
+    kind, uses_lookup = split_method(method)
+    heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
+    tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
+                                recalibrate=recalibrate, batch_size=batch_size)
+    return Engine(target, heads, tree, lookup)

@@ -1,5 +1,6 @@
-"""The decoding methods by name, and the engine of each (:func:`engine_for`). Nothing heavy
-is imported at module level: the CLI's parser reads this."""
+"""The decoding methods by name: the one list of them, their labels and colours
+(:func:`clover.engine_for` builds the engine of each). A leaf module that imports nothing
+of the library, so that every other module, the CLI's parser and the app can read it."""
 from __future__ import annotations
 
 # every decoding method, in display order; "+lookup" adds a prompt lookup branch to a
@@ -35,32 +36,3 @@ def split_method(method: str) -> tuple[str | None, bool]:
     if heads == "lookup":
         return None, True
     return (None if heads == "ar" else heads), extra == "lookup"
-
-
-def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
-               lookup=None, *, recalibrate: bool = False, batch_size: int = 1):
-    """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
-    :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
-    target, else fresh ones) and the tree setting resolved for this machine by
-    :func:`clover.autotree.resolve_tree` ("auto": the stored budget, else measured and
-    stored, seconds on a CPU).
-
-    Args:
-        method: one of :data:`ALL_METHODS`.
-        tree: a ``TreeConfig`` for the head methods (default ``TreeConfig()``), "auto" or not.
-        lookup: the ``LookupConfig`` when the method uses lookup (default ``LookupConfig()``).
-        recalibrate: measure the auto tree again even where one is stored.
-        batch_size: size an "auto" tree for batches of this many rows.
-    Raises:
-        ValueError: unknown method, heads that do not fit.
-    """
-    from clover.autotree import resolve_tree
-    from clover.engine import Engine
-    from clover.heads import heads_for
-    from clover.lookup import LookupConfig
-
-    kind, uses_lookup = split_method(method)
-    heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
-    tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
-                                recalibrate=recalibrate, batch_size=batch_size)
-    return Engine(target, heads, tree, lookup)
