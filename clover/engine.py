@@ -67,7 +67,7 @@ import torch
 
 from clover.acceptance import Acceptance, SamplingConfig, accept_rows, logits_to_probs
 from clover.cache import cache_length, compact_rows, new_cache, select_rows
-from clover.heads import DraftHeads, PlainDrafter
+from clover.heads import DraftHeads, PlainDrafter, check_fits
 from clover.heads.base import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
@@ -96,8 +96,6 @@ class Engine:
 
     def __init__(self, target: TargetModel, heads: DraftHeads | None = None,
                  tree: TreeConfig | None = None, lookup: LookupConfig | None = None):
-        from clover.heads import check_fits
-
         if heads is not None:
             check_fits(heads.config, target)
         if tree is not None and tree.auto:
@@ -366,7 +364,7 @@ class BatchRun:
                      [out.hidden_post[b, :rows[b].length] for b in seen], [tokens[b] for b in seen])
 
     def __iter__(self) -> Iterator[list[StepTrace]]:
-        target, sampling = self.engine.target, self.sampling
+        target = self.engine.target
         rows = [self._row(b) for b in range(len(self.prompts))]
         cache = new_cache(target.config)
 
@@ -382,28 +380,17 @@ class BatchRun:
         active = rows
         while active:
             with torch.inference_mode():
+                starts = [r.length for r in active]  # committed positions before this step
                 t_draft = time.perf_counter()
-                trees = draft_rows([r.drafter for r in active], [r.root for r in active],
-                                   [r.max_new_tokens - len(r.new) - 1 for r in active])
+                trees = self._draft(active)                                           # draft
                 self._sync()
                 t_verify = time.perf_counter()
-                prefix = cache_length(cache)
-                starts = [r.length for r in active]  # committed positions before this step
-                ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype,
-                                                     target.device)
-                out = target.forward_batch(ids, positions, mask, cache)
-                accs = accept_rows(trees, out.logits, sampling, [r.generator for r in active])
-                lengths = compact_rows(cache, starts, prefix, [a.path for a in accs])
-                commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]  # kept
-                keep = [b for b, r in enumerate(active) if r.stop_reason is None]
-                if len(keep) < len(active):  # finished rows leave the batch
-                    select_rows(cache, keep, max((lengths[b] for b in keep), default=0))
+                prefix = cache_length(cache)  # positions cached before this step's tree nodes
+                out = self._verify(active, trees, cache, prefix)                      # verify
+                accs, commits, keep = self._accept(active, trees, out, cache, prefix)  # accept
                 self._sync()
                 t_update = time.perf_counter()
-                self._observe([active[b] for b in keep], [trees[b] for b in keep],
-                              [accs[b].path for b in keep], out, keep)
-                for b in keep:
-                    active[b].root, active[b].length = accs[b].bonus_token, lengths[b]
+                self._update(active, trees, accs, out, keep)                          # update
                 self._sync()
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
@@ -420,6 +407,49 @@ class BatchRun:
             prefill_ms=prefill_ms, decode_s=r.decode_s, stop_reason=r.stop_reason,
             method=self.engine.method, seed=r.generator.initial_seed(),
         ) for r in rows]
+
+    def _draft(self, active: list[_Row]) -> list[Tree]:
+        """Draft: each row's candidate tree, rooted at its last committed token, no deeper
+        than its tokens left but one (the bonus token)."""
+        return draft_rows([r.drafter for r in active], [r.root for r in active],
+                          [r.max_new_tokens - len(r.new) - 1 for r in active])
+
+    def _verify(self, active: list[_Row], trees: list[Tree], cache, prefix: int):
+        """Verify: one target forward over every row's tree (tree attention mask, position
+        ids = the row's committed length + depth), appended to the KV cache; returns the
+        batched :class:`~clover.models.TargetOutput`."""
+        target = self.engine.target
+        ids, positions, mask = verify_inputs(trees, [r.length for r in active], prefix,
+                                             target.dtype, target.device)
+        return target.forward_batch(ids, positions, mask, cache)
+
+    def _accept(self, active: list[_Row], trees: list[Tree], out, cache, prefix: int):
+        """Accept: each row's accepted path and bonus token, committed to the row (stopping
+        where plain decoding would); the KV cache keeps only the accepted paths, and the
+        rows that finished leave it.
+
+        Returns:
+            (the rows' :class:`~clover.acceptance.Acceptance`, the tokens each committed,
+            the batch places of the rows that go on).
+        """
+        accs = accept_rows(trees, out.logits, self.sampling, [r.generator for r in active])
+        lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
+        commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]
+        keep = [b for b, r in enumerate(active) if r.stop_reason is None]
+        if len(keep) < len(active):  # finished rows leave the batch
+            select_rows(cache, keep, max((lengths[b] for b in keep), default=0))
+        for b in keep:
+            active[b].length = lengths[b]
+        return accs, commits, keep
+
+    def _update(self, active: list[_Row], trees: list[Tree], accs: list[Acceptance], out,
+                keep: list[int]) -> None:
+        """Update: the drafters of the rows that go on observe their accepted paths' hidden
+        states, and each such row's bonus token becomes its next root."""
+        self._observe([active[b] for b in keep], [trees[b] for b in keep], [accs[b].path for b in keep],
+                      out, keep)
+        for b in keep:
+            active[b].root = accs[b].bonus_token
 
     def _observe(self, rows: list[_Row], trees: list[Tree], paths: list[list[int]], out,
                  batch_rows: list[int]) -> None:
@@ -534,7 +564,8 @@ class DecodeRun:
 
 
 def method_name(heads: DraftHeads | None, lookup: LookupConfig | None) -> str:
-    """"ar", "medusa", "clover", "lookup", "medusa+lookup" or "clover+lookup"."""
+    """The method's name in :data:`clover.methods.ALL_METHODS`: "ar", "lookup", a head
+    kind ("medusa", "clover", "clover2") or a head kind with "+lookup"."""
     if heads is None:
         return "lookup" if lookup is not None else "ar"
     return heads.config.kind + ("+lookup" if lookup is not None else "")
