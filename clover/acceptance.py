@@ -142,15 +142,8 @@ def accept_greedy(tree: Tree, logits: torch.Tensor) -> Acceptance:
 
 def greedy_walk(tree: Tree, best: list[int]) -> Acceptance:
     """:func:`accept_greedy` given the target's argmax token after each node (N ints)."""
-    kids = tree.children()
-    tokens = tree.tokens.tolist()
-    path = [0]
-    while True:
-        node = path[-1]
-        nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
-        if nxt is None:
-            return Acceptance(path, best[node])
-        path.append(nxt)
+    path = tree.follow(lambda node, depth: best[node])
+    return Acceptance(path, best[path[-1]])
 
 
 def _walk(tree: Tree, logits: torch.Tensor, cfg: SamplingConfig, choose) -> Acceptance:

@@ -80,8 +80,10 @@ class TreeConfig:
         min_ratio: dynamic tree: a child is dropped when its draft probability is below
             ``min_ratio`` times its best sibling's.
         max_depth: deepest drafted level; None means one level per draft head.
-        auto: size ``budget`` to the hardware and heads when the engine is built
-            (``clover.autotree``); the other fields are the starting point.
+        auto: size ``budget`` to the hardware and heads; resolved into a concrete tree
+            before an engine is built, by :func:`clover.autotree.resolve_tree` (the CLI,
+            bench, app and :func:`clover.engine_for` call it; ``Engine`` refuses an
+            unresolved one). The other fields are the starting point.
     """
 
     kind: str = "dynamic"
@@ -155,7 +157,8 @@ def validate_paths(paths) -> None:
 def parse_tree_spec(spec: str | None) -> TreeConfig:
     """Parse a tree spec from the CLI or the app.
 
-    Accepted forms: ``"auto"`` (a dynamic tree sized when the engine is built),
+    Accepted forms: ``"auto"`` (a dynamic tree sized for this machine by
+    :func:`clover.autotree.resolve_tree`),
     ``"off"`` (draft nothing),
     ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,branching=4"``
     (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`
@@ -240,19 +243,32 @@ class Tree:
         """Joint draft probability per node (:func:`joint_probs`)."""
         return joint_probs(self.parents, self.draft_probs)
 
+    def follow(self, wanted: Callable[[int, int], int | None],
+               keep: Container[int] | None = None) -> list[int]:
+        """The greedy path walk, the one definition (verification's greedy acceptance and
+        the auto tree's calibration): from the root, move to the child whose token is
+        ``wanted(node, depth)`` (only through nodes in ``keep``, node ids, when given)
+        until no child matches (or ``wanted`` returns None).
+
+        Returns:
+            node ids of the path, the root (0) first.
+        """
+        kids = self.children()
+        ids = self.tokens.tolist()
+        path = [0]
+        while True:
+            tok = wanted(path[-1], len(path) - 1)
+            nxt = None if tok is None else next(
+                (c for c in kids[path[-1]] if ids[c] == tok and (keep is None or c in keep)), None)
+            if nxt is None:
+                return path
+            path.append(nxt)
+
     def matched_path(self, tokens: Sequence[int], keep: Container[int] | None = None) -> int:
         """How many leading ``tokens`` the tree holds as a path from the root (only
         through nodes in ``keep``, node ids, when given): under greedy decoding with the
         target's continuation ``tokens``, the number of drafts verification accepts."""
-        kids = self.children()
-        ids = self.tokens.tolist()
-        node, n = 0, 0
-        for tok in tokens:
-            node = next((c for c in kids[node] if ids[c] == tok and (keep is None or c in keep)), None)
-            if node is None:
-                break
-            n += 1
-        return n
+        return len(self.follow(lambda node, d: tokens[d] if d < len(tokens) else None, keep)) - 1
 
 
 def joint_probs(parents: Sequence[int], draft_probs: Sequence[float]) -> list[float]:
