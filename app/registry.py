@@ -351,6 +351,19 @@ def loaded_model(key: str) -> LoadedModel:
         return _MODELS[key]
 
 
+def model_keys() -> list[str]:
+    """The keys of the models registered now, oldest first."""
+    with _MODELS_LOCK:
+        return list(_MODELS)
+
+
+def forget_model(key: str) -> None:
+    """Drop the model registered under ``key`` (nothing when there is none); a page
+    that still holds it keeps working, later look-ups load it again."""
+    with _MODELS_LOCK:
+        _MODELS.pop(key, None)
+
+
 def _warm_up(loaded: LoadedModel) -> None:
     """Size the "auto" tree of each method for this machine (unless being sized in the
     background) and decode two tokens with every method once, so the first visitor's

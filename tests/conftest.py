@@ -13,7 +13,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest
 import torch
 
-from clover.heads.base import DraftHeads, HeadConfig
+from clover.heads import DraftHeads, HeadConfig
 from clover.models import TargetModel
 from clover.tree import Tree
 
@@ -88,6 +88,27 @@ def tiny_target(arch: str = "llama", vocab_size: int = 96, seed: int = 0,
     target = TargetModel(model, tok, f"tiny-{arch}")
     target.eos_token_ids = {eos} if eos is not None else set()
     return target
+
+
+def tiny_llama_target(name="tiny-llama", rope_theta=10000.0, dtype=torch.float32, shuffle_vocab=False):
+    """A tiny Llama of fixed sizes whose RoPE base, dtype or token ids can differ."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=96, max_position_embeddings=256,
+                      rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+    tok = tiny_tokenizer(96)
+    if shuffle_vocab:  # same size, other ids: "t5" and "t6" trade places
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {f"t{i}": i for i in range(96)}
+        vocab["t5"], vocab["t6"] = 6, 5
+        inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+        inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="t0", eos_token="t1")
+    return TargetModel(LlamaForCausalLM(cfg).to(dtype), tok, name)
 
 
 def perturb(heads, scale: float = 0.05, seed: int = 0):

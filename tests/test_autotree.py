@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
-from clover.autotree import (auto_tree, budget_subtree, greedy_accepted_length, pool_size,
+from clover.autotree import (MIN_GAIN, auto_tree, budget_subtree, greedy_accepted_length, pool_size,
                              resolve_tree, time_forward)
 from clover.tree import Tree, grow_dynamic
 from conftest import path_tokens, perturb, tiny_target
@@ -46,8 +46,9 @@ def test_auto_tree_on_a_tiny_model(tmp_path):
     assert report.tau == sorted(report.tau)  # a bigger tree never accepts less
     assert all(v > 0 for v in report.verify_ms) and report.plain_ms > 0
     speed = [t / (d + v) for t, d, v in zip(report.tau, report.draft_ms, report.verify_ms)]
-    # measured times decide: random heads on a tiny model may not beat plain decoding
-    if max(speed) > 1.0 / report.plain_ms:
+    # measured times decide: random heads on a tiny model may not beat plain decoding by
+    # the margin a tree must clear
+    if max(speed) * report.plain_ms >= MIN_GAIN:
         assert cfg.kind == "dynamic" and not cfg.auto and cfg.budget == report.chosen in (1, 4, 16, 21)
         assert speed[report.budgets.index(report.chosen)] == max(speed)
     else:

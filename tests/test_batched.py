@@ -15,7 +15,7 @@ import torch
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
 from clover.cache import compact_rows, new_cache, select_rows
 from clover.engine import prefill_inputs, verify_inputs
-from clover.heads.base import DraftHeads, HeadConfig, PlainDrafter, draft_rows
+from clover.heads import DraftHeads, HeadConfig, PlainDrafter, draft_rows
 from clover.lookup import LookupConfig
 from clover.tree import Tree
 from conftest import oracle_tree_fn, perturb, tiny_target

@@ -12,10 +12,9 @@ from clover import Engine, SamplingConfig, load_heads, new_heads, parse_tree_spe
 from clover.heads import Clover2Heads, CloverHeads
 from clover.heads.clover2_checkpoint import RELEASED_ROPE, load_released_clover2
 from clover.models import decoder_layers
-from conftest import perturb, tiny_target
+from conftest import perturb, tiny_llama_target, tiny_target
 from test_acceptance import V, draw_pairs, exact_two_token_joint, pooled_pvalue
 from test_engine import ARCHS, TREES, plain, prompts
-from test_heads import _tiny_llama_target
 
 
 def test_heads_share_exactly_the_recurrent_weights():
@@ -197,7 +196,7 @@ def write_released(path, state, target, num_heads=5, **config):
 def llama3_like():
     """A tiny Llama with Llama-3's RoPE base (500000), and Clover-2 heads for it built
     natively with the released checkpoints' settings (RoPE base 10000, eps 1e-6)."""
-    target = _tiny_llama_target(rope_theta=500000.0)
+    target = tiny_llama_target(rope_theta=500000.0)
     heads = perturb(new_heads("clover2", target, num_heads=5, norm_eps=1e-6,
                               augment_config={"rope_parameters": dict(RELEASED_ROPE), "rms_norm_eps": 1e-6}),
                     0.1, seed=2)

@@ -125,14 +125,15 @@ def test_sampled_rows_do_not_depend_on_batching():
 def test_follow_up_requests_join_a_running_batch():
     from collections import deque
 
-    import clover.training.batchgen
-
     t = tiny_target("llama")
     prompts = _prompts(6)
     queue = deque([Request(i, p) for i, p in enumerate(prompts)])
-    got, extended = {}, []
-    real_extend = clover.training.batchgen._extend
-    clover.training.batchgen._extend = lambda target, req, kept: extended.append(req.key) or real_extend(target, req, kept)
+    got, forwards = {}, []
+    # every target forward's (rows, new tokens, first position): a follow-up that reuses
+    # its row's KV cache prefills only its new tail, a few tokens at a later position
+    hook = t.model.register_forward_pre_hook(
+        lambda m, args, kw: forwards.append((*kw["input_ids"].shape, int(kw["position_ids"][0, 0]))),
+        with_kwargs=True)
     try:
         for key, answer in generate_many(t, queue, 5, batch_size=4):
             turn = 1 if (key, 0) in got else 0
@@ -140,9 +141,10 @@ def test_follow_up_requests_join_a_running_batch():
             if turn == 0:  # the next turn, same key: it starts from this row's KV cache
                 queue.appendleft(Request(key, prompts[key] + answer + [7, 8]))
     finally:
-        clover.training.batchgen._extend = real_extend
+        hook.remove()
     assert sorted(got) == [(i, turn) for i in range(6) for turn in (0, 1)]
-    assert sorted(extended) == list(range(6))
+    tails = [(rows, n, start) for rows, n, start in forwards if rows == 1 and 1 < n <= 3 and start > 0]
+    assert len(tails) == 6  # one tail prefill per follow-up, none of them from scratch
     for i, p in enumerate(prompts):
         assert got[i, 0] == Engine(t).generate(p, 5).token_ids
         assert got[i, 1] == Engine(t).generate(p + got[i, 0] + [7, 8], 5).token_ids

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from clover import load_heads, new_heads
-from clover.heads.base import HeadConfig
+from clover.heads import HeadConfig
 from clover.models import decoder_layers
-from conftest import perturb, tiny_target
+from conftest import perturb, tiny_llama_target, tiny_target
 
 
 @pytest.mark.parametrize("kind", ["medusa", "clover"])
@@ -195,56 +195,32 @@ def test_medusa_own_lm_head_over_draft_vocabulary():
     assert torch.equal(heads.lm_heads[1].weight, target.lm_head.weight[[3, 4, 5, 70]])
 
 
-def _tiny_llama_target(name="tiny-llama", rope_theta=10000.0, dtype=torch.float32, shuffle_vocab=False):
-    """A tiny Llama of fixed sizes whose RoPE base, dtype or token ids can differ."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from clover.models import TargetModel
-    from conftest import tiny_tokenizer
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=96, max_position_embeddings=256,
-                      rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
-    tok = tiny_tokenizer(96)
-    if shuffle_vocab:  # same size, other ids: "t5" and "t6" trade places
-        from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast
-
-        vocab = {f"t{i}": i for i in range(96)}
-        vocab["t5"], vocab["t6"] = 6, 5
-        inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-        inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tok = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="t0", eos_token="t1")
-    return TargetModel(LlamaForCausalLM(cfg).to(dtype), tok, name)
-
-
 def test_fingerprint_accepts_the_same_model_in_any_dtype_and_refuses_another(tmp_path):
     """Heads are for a target's architecture and vocabulary, not only its sizes (issue 18)."""
-    fp32 = _tiny_llama_target()
+    fp32 = tiny_llama_target()
     new_heads("clover", fp32).save_pretrained(tmp_path / "h")
     saved = json.loads((tmp_path / "h" / "config.json").read_text())["target_fingerprint"]
     assert saved == fp32.fingerprint and set(saved) == {"architecture", "vocabulary"}
     # the same model in bf16 under another name (e.g. loaded from the hub): accepted
-    bf16 = _tiny_llama_target(name="org/tiny-llama", dtype=torch.bfloat16)
+    bf16 = tiny_llama_target(name="org/tiny-llama", dtype=torch.bfloat16)
     assert bf16.fingerprint == fp32.fingerprint
     heads = load_heads(tmp_path / "h", bf16)
     assert heads.config.target_fingerprint == bf16.fingerprint
     # same sizes, other RoPE base: refused, naming the architecture
     with pytest.raises(ValueError, match=r"do not fit 'tiny-llama'.*architecture config .* differs"):
-        load_heads(tmp_path / "h", _tiny_llama_target(rope_theta=500000.0))
+        load_heads(tmp_path / "h", tiny_llama_target(rope_theta=500000.0))
     # same sizes, other token ids: refused, naming the vocabulary
     with pytest.raises(ValueError, match=r"tokenizer vocabulary \(token ids\) differs"):
-        load_heads(tmp_path / "h", _tiny_llama_target(shuffle_vocab=True))
+        load_heads(tmp_path / "h", tiny_llama_target(shuffle_vocab=True))
     # the engine refuses them too
     from clover import Engine
     with pytest.raises(ValueError, match="architecture config"):
-        Engine(_tiny_llama_target(rope_theta=500000.0), heads)
+        Engine(tiny_llama_target(rope_theta=500000.0), heads)
     # heads saved before fingerprints existed are checked by sizes only
     cfg = json.loads((tmp_path / "h" / "config.json").read_text())
     del cfg["target_fingerprint"]
     (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
-    assert load_heads(tmp_path / "h", _tiny_llama_target(rope_theta=500000.0)).config.target_fingerprint == {}
+    assert load_heads(tmp_path / "h", tiny_llama_target(rope_theta=500000.0)).config.target_fingerprint == {}
 
 
 def test_fingerprint_rounds_float_fields_and_ignores_dtype():
@@ -272,7 +248,7 @@ def test_fingerprint_rounds_float_fields_and_ignores_dtype():
 def test_heads_for_names_where_heads_came_from(tmp_path):
     from clover.heads import UNTRAINED, heads_for
 
-    target = _tiny_llama_target()
+    target = tiny_llama_target()
     assert heads_for("ar", target) == (None, "")
     heads, source = heads_for("clover", target)  # no shipped heads fit a tiny model
     assert source == UNTRAINED and heads.config.kind == "clover"

@@ -22,8 +22,8 @@ def handlers():
         if block_fn.fn is not None:
             fns[block_fn.fn.__name__] = block_fn.fn
     yield fns
-    for key in [k for k in registry._MODELS if k.startswith("app-")]:
-        del registry._MODELS[key]
+    for key in [k for k in registry.model_keys() if k.startswith("app-")]:
+        registry.forget_model(key)
 
 
 def test_no_handler_blocks_the_event_loop(handlers):
@@ -120,7 +120,7 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
 
     target = tiny_target("llama")
     new_heads("clover2", target, num_heads=3).save_pretrained(tmp_path / "clover2")
-    before = set(registry._MODELS)
+    before = set(registry.model_keys())
     demo = build_demo(target=target, heads=str(tmp_path), warm_up=False)
     plain_demo = build_demo(target=target, warm_up=False)
     try:
@@ -137,5 +137,5 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
         assert {t.y[0] for t in race.data if t.type == "bar"} == {
             "Plain", "Lookup", "Medusa", "Clover", "Clover-2"}
     finally:
-        for key in set(registry._MODELS) - before:
-            del registry._MODELS[key]
+        for key in set(registry.model_keys()) - before:
+            registry.forget_model(key)

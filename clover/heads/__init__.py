@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 
 from clover.heads.base import (CONFIG_FILE, HEAD_KINDS, DraftHeads, Drafter, HeadConfig, PlainDrafter,
-                               check_fits, fingerprint_matches)
+                               check_fits, draft_rows, fingerprint_matches)
 from clover.heads.clover import CloverHeads
 from clover.heads.clover2 import Clover2Heads
 from clover.heads.medusa import MedusaHeads
@@ -46,7 +46,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
            "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
-           "shipped_heads_dir", "find_heads"]
+           "shipped_heads_dir", "find_heads", "draft_rows"]
 
 
 def shipped_heads_dir(kind: str) -> Path | None:
