@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the Magpie prompts are kept (reused when it exists)")
     pr.add_argument("--exclude", action="append", default=None,
                     help="Spec-Bench-format file no prompt may overlap (repeatable; default: "
-                         "../shared/data/spec_bench/question.jsonl when present, and the "
-                         "held-out prompts)")
+                         "../shared/data/spec_bench/question.jsonl from the working directory "
+                         "when present, and the held-out prompts)")
     pr.add_argument("--model", default=None, help="target for Magpie (default: embedded model)")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--device", default=None)
@@ -270,7 +270,7 @@ def cmd_prompts(args) -> int:
 
     exclude = args.exclude
     if exclude is None:
-        spec = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+        spec = Path("../shared/data/spec_bench/question.jsonl")  # from the working directory
         exclude = [p for p in (spec, Path(_shipped_prompts("heldout.jsonl"))) if p.is_file()]
     magpie = []
     if args.magpie:

@@ -35,9 +35,6 @@ from clover.training.prompts import interleave_categories, is_reference, read_pr
 
 log = logging.getLogger(__name__)
 
-CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
-
-
 @dataclass(frozen=True)
 class DataConfig:
     """How to build a self-distillation set.
