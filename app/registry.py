@@ -228,18 +228,19 @@ def head_folders(heads_dir: str | None) -> dict[str, Path | None]:
     return folders
 
 
-def default_kinds(heads_dir: str | None) -> list[str]:
+def default_kinds(heads_dir: str | None, target) -> list[str]:
     """The head kinds a model gets: Medusa and Clover always (:data:`CORE_HEAD_KINDS`),
-    the other kinds (Clover-2) only where ``heads_dir`` holds them or trained heads ship.
+    the other kinds (Clover-2) only where ``heads_dir`` holds them or trained heads ship
+    for this target.
 
     Raises:
         ValueError: as :func:`head_folders`.
     """
-    from clover.heads import shipped_heads_dir
+    from clover.heads import shipped_heads_for
 
     folders = head_folders(heads_dir)
     return [k for k in HEAD_METHODS
-            if k in CORE_HEAD_KINDS or folders[k] is not None or shipped_heads_dir(k) is not None]
+            if k in CORE_HEAD_KINDS or folders[k] is not None or shipped_heads_for(k, target) is not None]
 
 
 def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] | None = None,
@@ -250,7 +251,8 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] | None = 
 
     Args:
         kinds: head kinds to load (default :func:`default_kinds`: Medusa and Clover, and
-            Clover-2 where ``heads_dir`` holds it or trained Clover-2 heads ship).
+            Clover-2 where ``heads_dir`` holds it or trained Clover-2 heads ship for
+            ``target``).
     Raises:
         ValueError: a missing folder, or heads that do not fit the target.
     """
@@ -259,7 +261,7 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] | None = 
     heads, sources = {}, {}
     folders = head_folders(heads_dir)
     if kinds is None:
-        kinds = default_kinds(heads_dir)
+        kinds = default_kinds(heads_dir, target)
     for kind in kinds:
         folder = folders[kind]
         heads[kind], sources[kind] = heads_for(kind, target, str(folder) if folder else None, num_heads)
@@ -277,7 +279,7 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     False skips it.
     """
     given = dict(heads or {})
-    missing = [k for k in default_kinds(heads_dir) if k not in given]
+    missing = [k for k in default_kinds(heads_dir, target) if k not in given]
     loaded_heads, loaded_sources = load_heads_for(target, heads_dir, missing)
     all_sources = {k: "given by the caller" for k in given}
     all_sources.update(sources or {})

@@ -46,7 +46,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
            "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
-           "shipped_heads_dir", "find_heads", "draft_rows"]
+           "shipped_heads_dir", "shipped_heads_for", "find_heads", "draft_rows"]
 
 
 def shipped_heads_dir(kind: str) -> Path | None:
@@ -80,6 +80,21 @@ def find_heads(heads_dir: str | Path, kind: str) -> Path | None:
     return None
 
 
+def shipped_heads_for(kind: str, target) -> Path | None:
+    """The folder of the shipped ``kind`` heads when they were made for ``target`` (the
+    embedded model, or the same model from the hub in any dtype: the same
+    :func:`clover.models.target_fingerprint`), else None."""
+    from clover.models import EMBEDDED_NAME
+
+    shipped = shipped_heads_dir(kind)
+    if shipped is None:
+        return None
+    cfg = DraftHeads.read_config(shipped)
+    if fingerprint_matches(cfg, target) or (target.name == EMBEDDED_NAME and not cfg.target_fingerprint):
+        return shipped
+    return None
+
+
 SHIPPED = "trained, shipped with the app"
 UNTRAINED = "untrained (freshly initialised)"
 
@@ -106,8 +121,6 @@ def heads_for(method: str, target, heads_dir: str | Path | None = None,
             made for another model (:func:`check_fits`).
         FileNotFoundError: ``heads_dir`` holds no heads.
     """
-    from clover.models import EMBEDDED_NAME
-
     if method == "ar":
         return None, ""
     if method not in METHODS:
@@ -117,12 +130,11 @@ def heads_for(method: str, target, heads_dir: str | Path | None = None,
         if heads.config.kind != method:
             raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {method}")
         return heads, f"loaded from {heads_dir}"
-    shipped = shipped_heads_dir(method)
+    shipped = shipped_heads_for(method, target)
     if shipped is not None:
         cfg = DraftHeads.read_config(shipped)
-        if fingerprint_matches(cfg, target) or (target.name == EMBEDDED_NAME and not cfg.target_fingerprint):
-            source = SHIPPED if target.name == cfg.target else f"{SHIPPED} (trained on the embedded GGUF copy)"
-            return load_heads(shipped, target), source
+        source = SHIPPED if target.name == cfg.target else f"{SHIPPED} (trained on the embedded GGUF copy)"
+        return load_heads(shipped, target), source
     log.warning("no trained %s heads for %s: using freshly initialised heads "
                 "(they guess badly, so expect little speedup)", method, target.name)
     return new_heads(method, target, num_heads=num_heads), UNTRAINED
