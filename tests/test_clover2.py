@@ -97,6 +97,45 @@ def test_drafting_state_equals_the_training_forward():
         assert int(tree.tokens[1]) == int(outs[0][0].argmax())
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_training_forward_runs_the_block_where_it_is_read(arch):
+    """training_outputs runs the Augmenting Block's last layer at the sampled positions
+    only (clover.heads.clover.block_at, for Llama/Qwen2 layers; GPT-2 takes the full
+    forward): the same outputs and gradients as Z computed over whole sequences."""
+    target = tiny_target(arch)
+    heads = perturb(new_heads("clover2", target, num_heads=3), 0.2).float().eval()  # no dropout
+    g = torch.Generator().manual_seed(1)
+    B, T, D = 3, 19, target.hidden_size
+    ids = torch.randint(2, 96, (B, T), generator=g)
+    pre = torch.randn(B, T, D, generator=g)
+    rows = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 0])  # one row out of order
+    cols = torch.tensor([0, 5, 11, 3, 15, 2, 7, 8, 4])  # none past position 15
+
+    def reference():  # Z over whole sequences, then the heads at (rows, cols)
+        r = heads.context(pre, torch.cat([ids[:, 1:], ids[:, -1:]], dim=1), None, 0, target)[rows, cols]
+        outs = []
+        for k in range(3):
+            r, out = heads.head(r, ids[rows, (cols + k + 1).clamp(max=T - 1)], k, target)
+            outs.append((heads.vocab_logits(out, target), out))
+        return outs
+
+    def run(fn):
+        heads.zero_grad()
+        outs = fn()
+        sum((logits.sum() + out.square().sum()) * (k + 1) for k, (logits, out) in enumerate(outs)).backward()
+        return ([(a.detach(), b.detach()) for a, b in outs],
+                {n: p.grad.clone() for n, p in heads.named_parameters() if p.grad is not None})
+
+    fast, fast_grads = run(lambda: heads.training_outputs(target, ids, pre, rows, cols))
+    full, full_grads = run(reference)
+    for (a, b), (c, d) in zip(fast, full):
+        torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b, d, atol=1e-5, rtol=1e-4)
+    assert fast_grads.keys() == full_grads.keys() and any(n.startswith("augment.") for n in full_grads)
+    for name in full_grads:
+        torch.testing.assert_close(fast_grads[name], full_grads[name], atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_parity(arch):
     target = tiny_target(arch)

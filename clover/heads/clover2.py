@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from clover.heads.base import DraftHeads, HeadConfig, grow_ready_rows, grow_recurrent_tree
-from clover.heads.clover import (AttentionDecoder, build_augmenting_block, copy_last_layer,
+from clover.heads.clover import (AttentionDecoder, block_at, build_augmenting_block, copy_last_layer,
                                  run_augmenting_block, run_augmenting_rows)
 from clover.tree import Tree, TreeConfig, root_only
 
@@ -150,7 +150,11 @@ class Clover2Heads(DraftHeads):
             hidden_pre = features(hidden_pre)
         T = ids.shape[1]
         next_tokens = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # x_{t+1}; the last is unused
-        r = self.context(hidden_pre, next_tokens, None, 0, target)[rows, cols]  # (M, D)
+        # Z at the sampled positions only (the block's last layer runs there alone):
+        # context(hidden_pre, next_tokens, None, 0, target)[rows, cols], computed cheaply
+        last = int(cols.max()) + 1 if len(cols) else 1  # later positions are never read
+        u = self.decoder(hidden_pre[:, :last], self.token_embedding(next_tokens[:, :last], target))
+        r = self.augment_norm(block_at(self.augment, u, rows, cols))  # (M, D)
         outs = []
         for k in range(self.config.num_heads):
             c = ids[rows, (cols + k + 1).clamp(max=T - 1)]  # x_{s+k+1}, read by heads k >= 1
