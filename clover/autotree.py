@@ -55,9 +55,9 @@ CALIBRATION_PROMPTS = (
     "Write a Python function that merges two sorted lists into one sorted list.",
 )
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# The expected speedup a tree must reach to be used at all: below it, timing noise of a
-# few percent could make speculation a loss (measured: a calibration at batch size 4
-# expected 1.03x, the bench then ran 0.85x).
+# The expected speedup a tree must reach to be used at all: below it, timing noise could
+# make speculation a loss (two interleaved calibrations on this 2-core CPU differ by up to
+# 3% in their expected speedup).
 MIN_GAIN = 1.05
 
 

@@ -382,15 +382,15 @@ class BatchRun:
             with torch.inference_mode():
                 starts = [r.length for r in active]  # committed positions before this step
                 t_draft = time.perf_counter()
-                trees = self._draft(active)                                           # draft
+                trees = self._draft(active)                                                    # draft
                 self._sync()
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)  # positions cached before this step's tree nodes
-                out = self._verify(active, trees, cache, prefix)                      # verify
-                accs, commits, keep = self._accept(active, trees, out, cache, prefix)  # accept
+                out = self._verify(trees, cache, starts, prefix)                               # verify
+                accs, commits, keep = self._accept(active, trees, out, cache, starts, prefix)  # accept
                 self._sync()
                 t_update = time.perf_counter()
-                self._update(active, trees, accs, out, keep)                          # update
+                self._update(active, trees, accs, out, keep)                                   # update
                 self._sync()
                 t_end = time.perf_counter()
                 draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
@@ -414,16 +414,15 @@ class BatchRun:
         return draft_rows([r.drafter for r in active], [r.root for r in active],
                           [r.max_new_tokens - len(r.new) - 1 for r in active])
 
-    def _verify(self, active: list[_Row], trees: list[Tree], cache, prefix: int):
+    def _verify(self, trees: list[Tree], cache, starts: list[int], prefix: int):
         """Verify: one target forward over every row's tree (tree attention mask, position
-        ids = the row's committed length + depth), appended to the KV cache; returns the
-        batched :class:`~clover.models.TargetOutput`."""
+        ids = the row's committed length ``starts[b]`` + depth), appended after the
+        ``prefix`` cached positions; returns the batched :class:`~clover.models.TargetOutput`."""
         target = self.engine.target
-        ids, positions, mask = verify_inputs(trees, [r.length for r in active], prefix,
-                                             target.dtype, target.device)
+        ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype, target.device)
         return target.forward_batch(ids, positions, mask, cache)
 
-    def _accept(self, active: list[_Row], trees: list[Tree], out, cache, prefix: int):
+    def _accept(self, active: list[_Row], trees: list[Tree], out, cache, starts: list[int], prefix: int):
         """Accept: each row's accepted path and bonus token, committed to the row (stopping
         where plain decoding would); the KV cache keeps only the accepted paths, and the
         rows that finished leave it.
@@ -433,7 +432,7 @@ class BatchRun:
             the batch places of the rows that go on).
         """
         accs = accept_rows(trees, out.logits, self.sampling, [r.generator for r in active])
-        lengths = compact_rows(cache, [r.length for r in active], prefix, [a.path for a in accs])
+        lengths = compact_rows(cache, starts, prefix, [a.path for a in accs])
         commits = [self._commit(r, tree, acc) for r, tree, acc in zip(active, trees, accs)]
         keep = [b for b, r in enumerate(active) if r.stop_reason is None]
         if len(keep) < len(active):  # finished rows leave the batch

@@ -263,12 +263,13 @@ def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float 
     """
     if not steps or not baseline:
         return None
-    (t, n), (t_all, n_all) = timeline(steps)[-1], timeline(baseline)[-1]
+    (t, n), base = timeline(steps)[-1], timeline(baseline)
     if n == 0 or t <= 0:
         return None
-    t_base = time_to_tokens(baseline, n)
+    t_base = next((tb for tb, nb in base if nb >= n), None)  # as time_to_tokens(baseline, n)
     if t_base is not None:
         return t_base / t
+    t_all, n_all = base[-1]
     if n_all == 0 or t_all <= 0:
         return None
     return (n / t) / (n_all / t_all)
