@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
     t.add_argument("--select", choices=("chain", "last"), default=None,
                    help="final heads: best held-out chain acceptance (default) or the last step")
+    t.add_argument("--no-shared-recurrence", dest="shared_recurrence", action="store_const", const=False,
+                   default=None, help="Clover-2 ablation: heads 2..K each get their own recurrent "
+                                      "projector instead of sharing one")
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     t.add_argument("--hidden-cache", default=None,
                    help="safetensors file for the target's hidden states: computed once up front, "
@@ -304,7 +307,7 @@ def cmd_train(args) -> int:
                                                "seed", "mixed_precision", "draft_vocab",
                                                "max_conversations", "weight_decay", "dropout",
                                                "feature_noise", "topk_weight", "topk", "max_len",
-                                               "eval_conversations",
+                                               "eval_conversations", "shared_recurrence",
                                                "warmup", "select")}
     if args.preset:
         cfg = preset(args.preset, **overrides)

@@ -22,14 +22,20 @@ run() {  # name, then clover train options
   clover train "${COMMON[@]}" "$@" --out "runs/$name"  # later options win
 }
 
+# Clover-2 (issue 15) on the same data, steps, budget and K = 3 heads (the preset says why)
+run full-v2-clover2 --preset smollm2-clover2
+# its ablations (issue 15), shorter (800 steps) but identical to each other but for one
+# change: the design, without the hidden-state regression, without the shared recurrence
+ABL=(--preset smollm2-clover2 --steps 800 --eval-every 200)
+run abl-clover2 "${ABL[@]}"
+run abl-clover2-noreg "${ABL[@]}" --hidden-weight 0
+run abl-clover2-unshared "${ABL[@]}" --no-shared-recurrence
 # the recipe's base on all v2 greedy data (3.3x the pilots' conversations), both kinds
 run full-v2-clover --preset smollm2-clover
 run full-v2-medusa --preset smollm2-medusa
 # a third learning-curve point: the first 1,200 conversations (the pilots had 2,400), with
 # steps scaled down as well
 run small-v2-clover --preset smollm2-clover --max-conversations 1200 --steps 1000
-# Clover-2 (issue 15) on the same data, steps, budget and K = 3 heads (the preset says why)
-run full-v2-clover2 --preset smollm2-clover2
 # ablations on the same data and steps: regularisation, then HASS top-K distillation
 run full-v2-clover-reg --preset smollm2-clover --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
 run full-v2-clover-topk --preset smollm2-clover --topk-weight 1.0 --topk 10

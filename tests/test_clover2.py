@@ -49,6 +49,52 @@ def test_heads_share_exactly_the_recurrent_weights():
     assert not torch.allclose(again[0], after[0]) and torch.equal(again[1:], after[1:])
 
 
+def test_unshared_recurrence_gives_each_head_its_own_projector(tmp_path):
+    """The ablation (``shared_recurrence=False``): heads 2..K each own one AttnDec2 + FC,
+    nothing is shared, perturbing head k's set changes head k's logits only, the flag
+    survives a save and reload, and greedy output still equals plain decoding's."""
+    target = tiny_target("llama")
+    heads = new_heads("clover2", target, num_heads=4, shared_recurrence=False)
+    params = list(heads.named_parameters(remove_duplicate=False))
+    assert len({p.data_ptr() for _, p in params}) == len(params)
+    names = {n.split(".")[0] for n, _ in params}
+    assert names == {"decoder", "augment", "augment_norm", "first_fc", "recurrent_decoders",
+                     "recurrent_fcs", "head_norm"}
+    assert len(heads.recurrent_decoders) == len(heads.recurrent_fcs) == 3
+    shared = new_heads("clover2", target, num_heads=4)
+    per_set = sum(p.numel() for p in shared.recurrent_decoder.parameters()) + \
+        sum(p.numel() for p in shared.recurrent_fc.parameters())
+    assert sum(p.numel() for p in heads.parameters()) == sum(p.numel() for p in shared.parameters()) + 2 * per_set
+    for fc in heads.recurrent_fcs:  # each starts near the identity, like the shared one
+        assert torch.allclose(fc.weight[:, :target.hidden_size], torch.eye(target.hidden_size), atol=0.011)
+    z = torch.randn(3, target.hidden_size)
+    toks = torch.tensor([4, 5, 6])
+
+    def logits(h):
+        out, r = [], z
+        for k in range(4):
+            r, lg = h.step(r, toks, k, target)
+            out.append(lg)
+        return torch.stack(out)
+
+    before = logits(heads)
+    with torch.no_grad():
+        heads.recurrent_fcs[1].weight.add_(0.1)  # head 3's FC: its output only
+    mid = logits(heads)
+    assert torch.equal(mid[[0, 1, 3]], before[[0, 1, 3]]) and not torch.allclose(mid[2], before[2])
+    with torch.no_grad():
+        heads.recurrent_decoders[1].w_v.weight.add_(0.1)  # head 3's AttnDec2: its state r_3 feeds head 4
+    after = logits(heads)
+    assert torch.equal(after[:2], mid[:2])
+    assert not torch.allclose(after[2], mid[2]) and not torch.allclose(after[3], mid[3])
+    heads.save_pretrained(tmp_path)
+    again = load_heads(tmp_path, target)
+    assert again.config.shared_recurrence is False and torch.equal(logits(again), after)
+    perturb(heads, scale=0.2, seed=1)
+    for prompt in prompts(target.vocab_size):
+        assert Engine(target, heads).generate(prompt, 16).token_ids == plain(target, prompt, 16).token_ids
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_initialisation_from_the_target(arch):
     """Two augmenting layers, each a copy of the target's last layer; both norms start

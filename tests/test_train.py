@@ -116,6 +116,21 @@ def test_training_lowers_loss_and_reloads(tmp_path, prompt_file, method):
         assert torch.equal(heads.step(h, t, 1, target)[1], again.step(h, t, 1, target)[1])
 
 
+def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, prompt_file):
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(max_new_tokens=12), progress=False)
+    cfg = TrainConfig(method="clover2", num_heads=3, steps=3, batch_size=2, positions=0, warmup=1,
+                      eval_every=0, save_every=0, heldout_percent=0, shared_recurrence=False)
+    train(target, data, tmp_path / "heads", cfg, progress=False)
+    heads = load_heads(tmp_path / "heads", target)
+    assert heads.config.shared_recurrence is False and len(heads.recurrent_fcs) == 2
+    log = json.loads((tmp_path / "heads" / "training.json").read_text())
+    assert log["config"]["shared_recurrence"] is False
+    with pytest.raises(ValueError, match="Clover-2 ablation"):
+        TrainConfig(method="clover", shared_recurrence=False)
+
+
 def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
     target = tiny_target("llama", eos=1)
     data = tmp_path / "data"

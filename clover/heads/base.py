@@ -72,6 +72,9 @@ class HeadConfig:
             cuts the vocabulary projection, the largest drafting cost, by V / V'
             (FR-Spec, arXiv 2502.14856). 0 = the full vocabulary. Drafts are only
             proposals, so this never changes the output.
+        shared_recurrence: Clover-2 only: heads 2..K share one recurrent projector
+            (AttnDec2 and FC, the design); False gives each its own (an ablation:
+            CLOVER2.md §2.1's weight sharing against K - 1 separate sets).
         target_fingerprint: :func:`clover.models.target_fingerprint` of the target
             ({"architecture", "vocabulary"} hashes); empty in heads saved before it existed.
     """
@@ -88,6 +91,7 @@ class HeadConfig:
     draft_vocab_size: int = 0
     augment_layers: int = 0
     augment_config: dict = field(default_factory=dict)
+    shared_recurrence: bool = True
     target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):

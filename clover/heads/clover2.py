@@ -51,6 +51,9 @@ class Clover2Heads(DraftHeads):
       [``clover_head_mlp2``], input [r ; E[c]]: one set for heads 2..K;
     * ``head_norm`` [``clover_head_norm``], before the target's lm_head.
 
+    With ``config.shared_recurrence`` off (an ablation, not the design), heads 2..K get
+    one AttnDec2 and FC each instead: ``recurrent_decoders`` and ``recurrent_fcs``.
+
     Args:
         config: HeadConfig with kind "clover2" (``augment_layers`` defaults to 2).
         target_config: the target's transformers config (to build the Augmenting Block).
@@ -65,18 +68,35 @@ class Clover2Heads(DraftHeads):
         self.augment = build_augmenting_block(target_config, config.augment_layers, config.augment_config)
         self.augment_norm = nn.RMSNorm(d, eps=eps)
         self.first_fc = nn.Linear(d, d)
-        self.recurrent_decoder = AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
-        self.recurrent_fc = nn.Linear(2 * d, d)
+        if config.shared_recurrence:  # the design: one set for heads 2..K
+            self.recurrent_decoder = AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
+            self.recurrent_fc = nn.Linear(2 * d, d)
+        else:  # the ablation: set k - 2 for head k
+            n = max(config.num_heads - 1, 0)
+            self.recurrent_decoders = nn.ModuleList(
+                AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps) for _ in range(n))
+            self.recurrent_fcs = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(n))
         self.head_norm = nn.RMSNorm(d, eps=eps)
         # the reference initialisation (CLOVER2.md §2.2): near-identity projectors, and
         # small positive values so the token embedding enters from the first step
         with torch.no_grad():
-            for dec in (self.decoder, self.recurrent_decoder):
+            if config.shared_recurrence:
+                decoders, fcs = [self.recurrent_decoder], [self.recurrent_fc]
+            else:
+                decoders, fcs = list(self.recurrent_decoders), list(self.recurrent_fcs)
+            for dec in (self.decoder, *decoders):
                 nn.init.uniform_(dec.w_v.weight, 0.0, 0.01)
-            for fc in (self.first_fc, self.recurrent_fc):
+            for fc in (self.first_fc, *fcs):
                 nn.init.uniform_(fc.weight, 0.0, 0.01)
                 fc.weight[:, :d] += torch.eye(d)
                 nn.init.zeros_(fc.bias)
+
+    def recurrent(self, depth: int) -> tuple[AttentionDecoder, nn.Linear]:
+        """(AttnDec2, FC) of head ``depth + 1`` (``depth`` >= 1): the shared set, or that
+        head's own when ``config.shared_recurrence`` is off."""
+        if self.config.shared_recurrence:
+            return self.recurrent_decoder, self.recurrent_fc
+        return self.recurrent_decoders[depth - 1], self.recurrent_fcs[depth - 1]
 
     def init_from_target(self, target) -> "Clover2Heads":
         """Augmenting layers from the target's last decoder layer; both norms from the
@@ -119,8 +139,9 @@ class Clover2Heads(DraftHeads):
         if depth == 0:
             return prev, self.head_norm(self.first_fc(prev))
         e = self.token_embedding(tokens, target)
-        r = self.recurrent_decoder(prev, e)
-        return r, self.head_norm(self.recurrent_fc(torch.cat([r, e], dim=-1)))
+        decoder, fc = self.recurrent(depth)
+        r = decoder(prev, e)
+        return r, self.head_norm(fc(torch.cat([r, e], dim=-1)))
 
     def step(self, prev: torch.Tensor, tokens: torch.Tensor, depth: int, target):
         """One depth of drafting (see :func:`clover.heads.base.grow_recurrent_tree`):

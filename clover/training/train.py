@@ -80,6 +80,9 @@ class TrainConfig:
             cross-entropy against the target's distribution renormalised over its K most
             likely tokens, weighted by ``topk_weight`` (0 = off); it stresses the ranking
             among the tokens a tree drafts.
+        shared_recurrence: Clover-2 only; False gives heads 2..K their own recurrent
+            projectors (the ablation of the design's weight sharing, see
+            ``HeadConfig.shared_recurrence``).
         select: "chain" keeps the checkpoint with the best held-out chain acceptance
             (expected tokens per step of a greedy chain of the heads' top-1 drafts, see
             :func:`evaluate`), "last" the final one.
@@ -109,6 +112,7 @@ class TrainConfig:
     feature_noise: float = 0.0
     topk_weight: float = 0.0
     topk: int = 10
+    shared_recurrence: bool = True
     select: str = "chain"
 
     def __post_init__(self):
@@ -129,6 +133,8 @@ class TrainConfig:
             raise ValueError("dropout must be in [0, 1); feature_noise and weight_decay >= 0")
         if self.topk_weight < 0 or self.topk < 1:
             raise ValueError("topk_weight must be >= 0 and topk >= 1")
+        if not self.shared_recurrence and self.method != "clover2":
+            raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.method} has no recurrence")
         if self.select not in ("chain", "last"):
             raise ValueError(f"select must be chain or last, got {self.select!r}")
 
@@ -398,7 +404,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
     else:
         vocab = (frequent_tokens(train_set, cfg.draft_vocab, target.vocab_size,
                                  sorted(target.eos_token_ids)) if cfg.draft_vocab else None)
-        heads = new_heads(cfg.method, target, num_heads=cfg.num_heads, draft_vocab=vocab)
+        extra = {} if cfg.shared_recurrence else {"shared_recurrence": False}
+        heads = new_heads(cfg.method, target, num_heads=cfg.num_heads, draft_vocab=vocab, **extra)
     heads.requires_grad_(True).train()
     for p in heads.parameters():
         if p.dtype != torch.float32:
