@@ -1,0 +1,145 @@
+"""Where a plain decoding step's time goes at each batch size (issue 17's cost breakdown).
+
+One plain step is one target forward over one new token per row on top of a KV cache of
+``--prefix`` positions, with the engine's own inputs and cache (``clover.engine``:
+``verify_inputs`` with root-only trees, the batched mask and position ids). Per batch
+size B it reports wall-clock ms per step (medians over ``--repeats`` steps, interleaved
+across batch sizes), and where they go, timed by forward hooks on the target's own
+modules (a CPU runs each op to completion, so a module's wall time is its cost):
+
+* ``projections``: the attention blocks' q/k/v/o linear layers;
+* ``attention``: the rest of the attention blocks (RoPE, the KV-cache append, the
+  attention over the cache);
+* ``mlp``: the gated MLPs;
+* ``lm_head``: the one matrix product of width V;
+* ``rest``: embeddings, norms, masks and Python around them.
+
+The ratio of B's step to B=1's bounds what batching can give: B rows per step at that
+cost is at most B / ratio times B=1's tokens per second, with every row busy.
+
+    python scripts/batch_step_cost.py --out runs/batch-step-cost.json   # about a minute
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from clover.cache import crop_cache, new_cache
+from clover.engine import prefill_inputs, verify_inputs
+from clover.models import load_target
+from clover.tree import root_only
+
+
+def step_inputs(target, batch: int, prefix: int):
+    """A KV cache of ``batch`` rows holding ``prefix`` positions, and one plain step's
+    inputs on top of it (the engine's own, root-only trees)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(100, target.vocab_size, (prefix,), generator=g).tolist() for _ in range(batch)]
+    cache = new_cache(target.config)
+    with torch.inference_mode():
+        ids, pos, mask = prefill_inputs(rows, target.dtype, target.device)
+        target.forward_batch(ids, pos, mask, cache, last_only=True)
+    step = verify_inputs([root_only(r[-1]) for r in rows], [prefix] * batch, prefix,
+                         target.dtype, target.device)
+    return cache, step
+
+
+def run_step(target, cache, step, prefix: int) -> float:
+    """One plain step (ms); the cache is cropped back to ``prefix`` afterwards."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        target.forward_batch(*step, cache)
+    ms = (time.perf_counter() - t0) * 1e3
+    crop_cache(cache, prefix)
+    return ms
+
+
+class ModuleTimer:
+    """Wall ms spent inside chosen modules, accumulated by forward pre/post hooks."""
+
+    def __init__(self, groups: dict[str, list[nn.Module]]):
+        self.ms = dict.fromkeys(groups, 0.0)
+        self._t0: dict[int, float] = {}
+        self.handles = []
+        for name, modules in groups.items():
+            for m in modules:
+                self.handles.append(m.register_forward_pre_hook(self._start))
+                self.handles.append(m.register_forward_hook(self._stop(name)))
+
+    def _start(self, module, args):
+        self._t0[id(module)] = time.perf_counter()
+
+    def _stop(self, name):
+        def hook(module, args, out):
+            self.ms[name] += (time.perf_counter() - self._t0.pop(id(module))) * 1e3
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def module_groups(target) -> dict[str, list[nn.Module]]:
+    """The target's modules by role (Llama-family names: ``self_attn``, ``*_proj``, ``mlp``)."""
+    layers = [m for m in target.model.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp")]
+    if not layers:
+        raise ValueError("no decoder layers with self_attn and mlp: a Llama-family target is needed")
+    projs = [p for layer in layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                             layer.self_attn.v_proj, layer.self_attn.o_proj)]
+    return {"attention_block": [layer.self_attn for layer in layers], "projections": projs,
+            "mlp": [layer.mlp for layer in layers], "lm_head": [target.lm_head]}
+
+
+def breakdown(target, cache, step, prefix: int, repeats: int) -> dict[str, float]:
+    """Per-step wall ms of each module group (mean over ``repeats`` hooked steps)."""
+    timer = ModuleTimer(module_groups(target))
+    total = sum(run_step(target, cache, step, prefix) for _ in range(repeats)) / repeats
+    timer.remove()
+    ms = {k: v / repeats for k, v in timer.ms.items()}
+    out = {"projections": ms["projections"], "attention": ms["attention_block"] - ms["projections"],
+           "mlp": ms["mlp"], "lm_head": ms["lm_head"]}
+    out["rest"] = total - sum(out.values())
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", default="1,2,4,8")
+    ap.add_argument("--prefix", type=int, default=256, help="cached positions per row")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_target(None)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    setups = {b: step_inputs(target, b, args.prefix) for b in sizes}
+    for b in sizes:  # warm-up
+        for _ in range(3):
+            run_step(target, *setups[b], args.prefix)
+    times = {b: [] for b in sizes}
+    for _ in range(args.repeats):  # interleaved, so drift hits every batch size alike
+        for b in sizes:
+            times[b].append(run_step(target, *setups[b], args.prefix))
+    base = statistics.median(times[sizes[0]])
+    result = {"prefix": args.prefix, "threads": args.threads, "repeats": args.repeats, "batch": {}}
+    for b in sizes:
+        ms = statistics.median(times[b])
+        result["batch"][str(b)] = {
+            "step_ms": round(ms, 2), "step_vs_first": round(ms / base, 3),
+            "tokens_per_s_bound_vs_first": round(b / sizes[0] / (ms / base), 2),
+            "ms_by_part": breakdown(target, *setups[b], args.prefix, args.repeats),
+        }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
