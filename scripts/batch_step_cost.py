@@ -15,7 +15,12 @@ modules (a CPU runs each op to completion, so a module's wall time is its cost):
 * ``rest``: embeddings, norms, masks and Python around them.
 
 The ratio of B's step to B=1's bounds what batching can give: B rows per step at that
-cost is at most B / ratio times B=1's tokens per second, with every row busy.
+cost is at most B / ratio times B=1's tokens per second, with every row busy. With
+``--sweep`` (a committed ``clover bench --batch-size`` results file) it also replays that
+sweep's plain rows (their token counts, in order) on the measured step costs, to bound
+B's throughput over B=1's as the sweep ran it (static batches of B consecutive prompts,
+each as long as its longest row) and with continuous batching (a finished row's slot
+refilled at once from the queue, its prefill free): what refilling rows could add.
 
     python scripts/batch_step_cost.py --out runs/batch-step-cost.json   # about a minute
 """
@@ -107,12 +112,44 @@ def breakdown(target, cache, step, prefix: int, repeats: int) -> dict[str, float
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def replay(lengths: list[int], b: int, step_ms: dict[int, float]) -> dict[str, float]:
+    """Bound on B's tokens/s over B=1's for plain rows of ``lengths`` tokens (one per step),
+    ``step_ms[n]``: a step's cost with n rows busy. Static batches of ``b`` consecutive
+    rows, and continuous batching (slots refilled at once, prefills free)."""
+    single = sum(lengths) * step_ms[1]
+    static = 0.0
+    for i in range(0, len(lengths) - b + 1, b):  # the sweep leaves a last, smaller batch out
+        rows = lengths[i:i + b]
+        static += sum(step_ms[sum(1 for n in rows if n > s)] for s in range(max(rows)))
+    static_single = sum(sum(lengths[i:i + b]) for i in range(0, len(lengths) - b + 1, b)) * step_ms[1]
+    queue, active, cont = list(lengths), [], 0.0
+    while queue or active:
+        while queue and len(active) < b:
+            active.append(queue.pop(0))
+        cont += step_ms[len(active)]
+        active = [n - 1 for n in active if n > 1]
+    return {"static": round(static_single / static, 2), "continuous": round(single / cont, 2)}
+
+
+def step_costs(measured: dict[int, float], upto: int) -> dict[int, float]:
+    """Step ms for 1..upto busy rows, linear between the measured batch sizes."""
+    sizes = sorted(measured)
+    out = {}
+    for n in range(1, upto + 1):
+        lo = max([s for s in sizes if s <= n], default=sizes[0])
+        hi = min([s for s in sizes if s >= n], default=sizes[-1])
+        w = 0.0 if hi == lo else (n - lo) / (hi - lo)
+        out[n] = measured[lo] * (1 - w) + measured[hi] * w
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", default="1,2,4,8")
     ap.add_argument("--prefix", type=int, default=256, help="cached positions per row")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sweep", default=None, help="a batch-size sweep's results.json to replay")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -135,6 +172,12 @@ def main() -> None:
             "tokens_per_s_bound_vs_first": round(b / sizes[0] / (ms / base), 2),
             "ms_by_part": breakdown(target, *setups[b], args.prefix, args.repeats),
         }
+    if args.sweep:
+        sweep = json.loads(open(args.sweep).read())
+        lengths = [r["new_tokens"] for r in sweep["runs"] if r["method"] == "ar" and r["batch_size"] == 1]
+        costs = step_costs({b: result["batch"][str(b)]["step_ms"] for b in sizes}, max(sizes))
+        result["replay"] = {"sweep": args.sweep, "row_tokens": lengths,
+                            "bound_vs_batch_1": {str(b): replay(lengths, b, costs) for b in sizes if b > 1}}
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
