@@ -44,7 +44,8 @@ def step_inputs(target, batch: int, prefix: int):
     """A KV cache of ``batch`` rows holding ``prefix`` positions, and one plain step's
     inputs on top of it (the engine's own, root-only trees)."""
     g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(100, target.vocab_size, (prefix,), generator=g).tolist() for _ in range(batch)]
+    rows = [torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (prefix,), generator=g).tolist()
+            for _ in range(batch)]
     cache = new_cache(target.config)
     with torch.inference_mode():
         ids, pos, mask = prefill_inputs(rows, target.dtype, target.device)

@@ -437,3 +437,37 @@ def test_batch_of_one_token_prompts():
     clover = Engine(target, perturb(new_heads("clover", target), 0.2), parse_tree_spec("small"))
     for engine in (Engine(target), clover):
         assert [o.token_ids for o in engine.generate_batch(prompts, 8)] == want
+
+
+def _batch_step_cost():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "batch_step_cost", Path(__file__).resolve().parents[1] / "scripts" / "batch_step_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_batch_step_cost_replay_and_breakdown():
+    """scripts/batch_step_cost.py (issue 17's cost breakdown): the replay's bounds by hand,
+    and the hooked parts of a real step add up to it."""
+    cost = _batch_step_cost()
+    steps = cost.step_costs({1: 10.0, 2: 12.0, 4: 20.0}, 4)
+    assert steps == {1: 10.0, 2: 12.0, 3: 16.0, 4: 20.0}
+    # two rows of 4 and 2 tokens: one batch of 2 takes 2 steps of 12 ms and 2 of 10 ms
+    # (44 ms for 6 tokens) where one row at a time takes 60 ms
+    assert cost.replay([4, 2], 2, steps) == {"static": round(60 / 44, 2), "continuous": round(60 / 44, 2)}
+    # continuous batching refills the short row's slot: rows of 4, 1 and 3 tokens, b = 2.
+    # Static: the first batch only (a last, smaller batch is left out): 1 step at 12 ms and
+    # 3 at 10 (42 ms) for 5 tokens (50 ms one at a time). Continuous: rows 4 and 1 (12 ms),
+    # then 3 and 3 (3 steps of 12): 48 ms for 8 tokens (80 ms one at a time).
+    got = cost.replay([4, 1, 3], 2, steps)
+    assert got == {"static": round(50 / 42, 2), "continuous": round(80 / 48, 2)}
+    target = tiny_target("llama")
+    cache, step = cost.step_inputs(target, 3, 16)
+    parts = cost.breakdown(target, cache, step, 16, 3)
+    assert set(parts) == {"projections", "attention", "mlp", "lm_head", "rest"}
+    assert all(v >= 0 for k, v in parts.items() if k != "rest") and parts["mlp"] > 0
+    assert cache.get_seq_length() == 16  # each step is cropped back
