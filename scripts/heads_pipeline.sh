@@ -24,9 +24,9 @@ run() {  # name, then clover train options
 
 # Clover-2 (issue 15) on the same data, steps, budget and K = 3 heads (the preset says why)
 run full-v2-clover2 --preset smollm2-clover2
-# its ablations (issue 15), shorter (800 steps) but identical to each other but for one
+# its ablations (issue 15), shorter (500 steps) but identical to each other but for one
 # change: the design, without the hidden-state regression, without the shared recurrence
-ABL=(--preset smollm2-clover2 --steps 800 --eval-every 200)
+ABL=(--preset smollm2-clover2 --steps 500 --eval-every 250)
 run abl-clover2 "${ABL[@]}"
 run abl-clover2-noreg "${ABL[@]}" --hidden-weight 0
 run abl-clover2-unshared "${ABL[@]}" --no-shared-recurrence
