@@ -3,16 +3,19 @@
 One plain step is one target forward over one new token per row on top of a KV cache of
 ``--prefix`` positions, with the engine's own inputs and cache (``clover.engine``:
 ``verify_inputs`` with root-only trees, the batched mask and position ids). Per batch
-size B it reports wall-clock ms per step (medians over ``--repeats`` steps, interleaved
-across batch sizes), and where they go, timed by forward hooks on the target's own
-modules (a CPU runs each op to completion, so a module's wall time is its cost):
+size B it reports wall-clock ms per step (the mean of ``--repeats`` steps, interleaved
+across batch sizes, the slowest 10% left out), and where they go, timed by forward hooks
+on the target's own modules in the same steps (CPU only: a CPU runs each op to
+completion, so a module's wall time is its cost; on a GPU the hooks would time kernel
+launches):
 
 * ``projections``: the attention blocks' q/k/v/o linear layers;
-* ``attention``: the rest of the attention blocks (RoPE, the KV-cache append, the
-  attention over the cache);
+* ``attention``: the rest of the attention blocks (applying RoPE, the KV-cache append,
+  the attention over the cache);
 * ``mlp``: the gated MLPs;
 * ``lm_head``: the one matrix product of width V;
-* ``rest``: embeddings, norms, masks and Python around them.
+* ``rest``: the step minus those (embeddings, the RoPE tables, norms, masks and Python
+  around them).
 
 The ratio of B's step to B=1's bounds what batching can give: B rows per step at that
 cost is at most B / ratio times B=1's tokens per second, with every row busy. With
@@ -101,16 +104,37 @@ def module_groups(target) -> dict[str, list[nn.Module]]:
             "mlp": [layer.mlp for layer in layers], "lm_head": [target.lm_head]}
 
 
-def breakdown(target, cache, step, prefix: int, repeats: int) -> dict[str, float]:
-    """Per-step wall ms of each module group (mean over ``repeats`` hooked steps)."""
+def parts_of(ms: dict[str, float]) -> dict[str, float]:
+    """The reported parts from one hooked step's module-group times (``rest`` added later)."""
+    return {"projections": ms["projections"], "attention": ms["attention_block"] - ms["projections"],
+            "mlp": ms["mlp"], "lm_head": ms["lm_head"]}
+
+
+def timed_steps(target, setups: dict, prefix: int, repeats: int) -> dict[int, list[tuple[float, dict]]]:
+    """Per batch size, ``repeats`` hooked steps (interleaved across batch sizes, so drift
+    hits every size alike): (step ms, its parts)."""
     timer = ModuleTimer(module_groups(target))
-    total = sum(run_step(target, cache, step, prefix) for _ in range(repeats)) / repeats
-    timer.remove()
-    ms = {k: v / repeats for k, v in timer.ms.items()}
-    out = {"projections": ms["projections"], "attention": ms["attention_block"] - ms["projections"],
-           "mlp": ms["mlp"], "lm_head": ms["lm_head"]}
-    out["rest"] = total - sum(out.values())
-    return {k: round(v, 2) for k, v in out.items()}
+    out = {b: [] for b in setups}
+    try:
+        for rep in range(repeats + 3):  # 3 warm-up rounds
+            for b, setup in setups.items():
+                before = dict(timer.ms)
+                ms = run_step(target, *setup, prefix)
+                if rep >= 3:
+                    out[b].append((ms, parts_of({k: timer.ms[k] - before[k] for k in timer.ms})))
+    finally:
+        timer.remove()
+    return out
+
+
+def summarise(steps: list[tuple[float, dict]]) -> tuple[float, dict[str, float]]:
+    """Mean step ms and mean parts over the steps, the slowest 10% left out (outliers from
+    the OS); ``rest`` is the step minus the parts, so the parts add up to the step."""
+    kept = sorted(steps, key=lambda s: s[0])[:max(1, -(-9 * len(steps) // 10))]
+    step = sum(ms for ms, _ in kept) / len(kept)
+    parts = {k: sum(p[k] for _, p in kept) / len(kept) for k in kept[0][1]}
+    parts["rest"] = step - sum(parts.values())
+    return step, {k: round(v, 2) for k, v in parts.items()}
 
 
 def replay(lengths: list[int], b: int, step_ms: dict[int, float]) -> dict[str, float]:
@@ -154,24 +178,17 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target = load_target(None)
+    target = load_target(None, device="cpu")  # on a GPU the hooks would time kernel launches
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     setups = {b: step_inputs(target, b, args.prefix) for b in sizes}
-    for b in sizes:  # warm-up
-        for _ in range(3):
-            run_step(target, *setups[b], args.prefix)
-    times = {b: [] for b in sizes}
-    for _ in range(args.repeats):  # interleaved, so drift hits every batch size alike
-        for b in sizes:
-            times[b].append(run_step(target, *setups[b], args.prefix))
-    base = statistics.median(times[sizes[0]])
+    summary = {b: summarise(steps) for b, steps in timed_steps(target, setups, args.prefix, args.repeats).items()}
+    base = summary[sizes[0]][0]
     result = {"prefix": args.prefix, "threads": args.threads, "repeats": args.repeats, "batch": {}}
     for b in sizes:
-        ms = statistics.median(times[b])
+        ms, parts = summary[b]
         result["batch"][str(b)] = {
             "step_ms": round(ms, 2), "step_vs_first": round(ms / base, 3),
-            "tokens_per_s_bound_vs_first": round(b / sizes[0] / (ms / base), 2),
-            "ms_by_part": breakdown(target, *setups[b], args.prefix, args.repeats),
+            "tokens_per_s_bound_vs_first": round(b / sizes[0] / (ms / base), 2), "ms_by_part": parts,
         }
     if args.sweep:
         sweep = json.loads(open(args.sweep).read())

@@ -452,7 +452,7 @@ def _batch_step_cost():
 
 def test_batch_step_cost_replay_and_breakdown():
     """scripts/batch_step_cost.py (issue 17's cost breakdown): the replay's bounds by hand,
-    and the hooked parts of a real step add up to it."""
+    and every hooked part of a real step is timed."""
     cost = _batch_step_cost()
     steps = cost.step_costs({1: 10.0, 2: 12.0, 4: 20.0}, 4)
     assert steps == {1: 10.0, 2: 12.0, 3: 16.0, 4: 20.0}
@@ -466,8 +466,15 @@ def test_batch_step_cost_replay_and_breakdown():
     got = cost.replay([4, 1, 3], 2, steps)
     assert got == {"static": round(50 / 42, 2), "continuous": round(80 / 48, 2)}
     target = tiny_target("llama")
-    cache, step = cost.step_inputs(target, 3, 16)
-    parts = cost.breakdown(target, cache, step, 16, 3)
-    assert set(parts) == {"projections", "attention", "mlp", "lm_head", "rest"}
-    assert all(v >= 0 for k, v in parts.items() if k != "rest") and parts["mlp"] > 0
-    assert cache.get_seq_length() == 16  # each step is cropped back
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in target.model.modules())
+    setups = {b: cost.step_inputs(target, b, 16) for b in (1, 3)}
+    steps = cost.timed_steps(target, setups, 16, 4)
+    for b in (1, 3):
+        assert len(steps[b]) == 4
+        ms, parts = cost.summarise(steps[b])
+        assert set(parts) == {"projections", "attention", "mlp", "lm_head", "rest"}
+        assert all(parts[k] > 0 for k in ("projections", "attention", "mlp", "lm_head"))  # every hook fired
+        assert sum(parts.values()) == pytest.approx(ms, abs=0.05)
+        assert setups[b][0].get_seq_length() == 16  # each step is cropped back
+    # the timer's hooks are removed (the target keeps its own, which capture hidden states)
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in target.model.modules()) == hooks

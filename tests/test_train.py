@@ -117,6 +117,8 @@ def test_training_lowers_loss_and_reloads(tmp_path, prompt_file, method):
 
 
 def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, prompt_file):
+    from clover.heads import new_heads
+
     target = tiny_target("llama", eos=1)
     data = tmp_path / "data"
     build_dataset(target, prompt_file, data, data_cfg(max_new_tokens=12), progress=False)
@@ -129,6 +131,11 @@ def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, promp
     assert log["config"]["shared_recurrence"] is False
     with pytest.raises(ValueError, match="Clover-2 ablation"):
         TrainConfig(method="clover", shared_recurrence=False)
+    with pytest.raises(ValueError, match="Clover-2 ablation"):
+        new_heads("clover", target, shared_recurrence=False)
+    with pytest.raises(ValueError, match="shared_recurrence=False, not True"):  # resuming the ablation as the design
+        train(target, data, tmp_path / "heads", TrainConfig(**{**cfg.__dict__, "shared_recurrence": True,
+                                                              "steps": 4}), progress=False)
 
 
 def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
@@ -144,6 +151,8 @@ def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
     assert json.loads((out / "training.json").read_text())["steps"] == 6
     with pytest.raises(ValueError, match="holds a clover run"):
         train(target, data, out, TrainConfig(**{**cfg.__dict__, "method": "medusa"}), progress=False)
+    with pytest.raises(ValueError, match="num_heads=2, not 3"):  # a resume cannot reshape the heads
+        train(target, data, out, TrainConfig(**{**cfg.__dict__, "num_heads": 3}), progress=False)
 
 
 def test_heads_trained_for_another_target_fail_clearly(tmp_path, prompt_file):

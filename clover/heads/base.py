@@ -103,6 +103,8 @@ class HeadConfig:
             self.augment_layers = DEFAULT_AUGMENT_LAYERS.get(self.kind, 0)
         if self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
+        if not self.shared_recurrence and self.kind != "clover2":
+            raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.kind} heads have no recurrence")
         if self.draft_vocab_size < 0 or (self.vocab_size and self.draft_vocab_size > self.vocab_size):
             raise ValueError(f"draft_vocab_size must be in [0, vocab_size], got {self.draft_vocab_size}")
         if self.num_attention_heads < 1 or (self.hidden_size and self.hidden_size % self.num_attention_heads):

@@ -140,7 +140,9 @@ class TrainConfig:
 
 
 # Named presets, found by exact key. Medusa, Clover and Clover-2 share data, steps and
-# budget; Clover-2 takes its reference recipe's decay 0.7 and regression weight 10
+# budget; Clover-2 takes its reference recipe's decay 0.7 (scripts/heads_pipeline.sh
+# overrides it with the queue's common 0.8, so that all three compare like for like) and
+# regression weight 10
 # (CLOVER2.md §2.3) but K = 3 heads, like the other two, not the reference's 5: measured
 # on Spec-Bench at a 10-node budget (runs/bench10-sb-b10) the shipped Clover heads reach
 # depth 3 in 6% of the steps that draft it (Medusa 2.6%), so a 4th and 5th head would
@@ -399,6 +401,11 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
         state = json.loads((ckpt / "state.json").read_text())
         if state["config"]["method"] != cfg.method:
             raise ValueError(f"{ckpt} holds a {state['config']['method']} run, not {cfg.method}")
+        for name in ("num_heads", "shared_recurrence"):  # the heads' shape: a resume cannot change it
+            saved = state["config"].get(name, TrainConfig.__dataclass_fields__[name].default)
+            if saved != getattr(cfg, name):
+                raise ValueError(f"{ckpt} holds a run with {name}={saved}, not {getattr(cfg, name)}: "
+                                 "give the same setting, or --no-resume to start over")
         heads = load_heads(ckpt, target)
         log.info("resuming from step %d", state["step"])
     else:
