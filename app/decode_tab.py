@@ -430,6 +430,7 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
             tree = gr.Dropdown(
                 ["auto", "4", "6", "10", "16", "24", "32"], value="auto",
                 allow_custom_value=True, label="Tree budget (drafted tokens per step)",
+                elem_id="tree-budget",
                 info="auto (sized to this machine at start-up; may be off when no tree "
                      "beats plain decoding), a number, off, or a spec: "
                      "dynamic:budget=12,branching=4 · small · [[0],[1],[0,0]]")

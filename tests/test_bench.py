@@ -63,15 +63,21 @@ def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
     assert printed["all"]["clover"]["all_match_plain"] is True
 
 
-def test_bench_clover2_needs_its_heads_and_decodes_exactly(tiny_dir, prompts, tmp_path, capsys):
-    """No Clover-2 heads ship: the bench refuses clover2 without --clover2-heads; with
-    heads given, clover2 and clover2+lookup write the same text as plain decoding."""
+def test_bench_clover2_needs_its_heads_and_decodes_exactly(tiny_dir, prompts, tmp_path, capsys,
+                                                            monkeypatch):
+    """Where no Clover-2 heads ship (an install whose assets lack them), the bench refuses
+    clover2 without --clover2-heads; with heads given, clover2 and clover2+lookup write the
+    same text as plain decoding."""
     from clover import load_target, new_heads
+    from clover.assets import ASSETS_ENV
     from conftest import perturb
 
     argv = ["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
             "--methods", "ar,clover2", "--tree", "small"]
-    rc = main(argv + ["--out", str(tmp_path / "refused")])
+    (tmp_path / "no-assets").mkdir()
+    with monkeypatch.context() as m:
+        m.setenv(ASSETS_ENV, str(tmp_path / "no-assets"))
+        rc = main(argv + ["--out", str(tmp_path / "refused")])
     err = capsys.readouterr().err
     assert rc == 2 and "--clover2-heads DIR" in err and "Traceback" not in err
     assert not (tmp_path / "refused").exists()

@@ -129,7 +129,7 @@ def test_heads_folder_lookup(tmp_path):
 
 
 def test_clover2_joins_only_with_its_heads(tmp_path):
-    """No Clover-2 heads ship: a model gets Medusa and Clover only, and a Clover-2 run is
+    """No Clover-2 heads ship for a tiny model: it gets Medusa and Clover only, and a Clover-2 run is
     refused with a message; a heads folder with clover2/ adds Clover-2 to the methods, the
     banner and the comparison, decoding exactly as plain."""
     target = tiny_target("llama", vocab_size=64)
