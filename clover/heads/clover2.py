@@ -68,22 +68,19 @@ class Clover2Heads(DraftHeads):
         self.augment = build_augmenting_block(target_config, config.augment_layers, config.augment_config)
         self.augment_norm = nn.RMSNorm(d, eps=eps)
         self.first_fc = nn.Linear(d, d)
-        if config.shared_recurrence:  # the design: one set for heads 2..K
-            self.recurrent_decoder = AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
-            self.recurrent_fc = nn.Linear(2 * d, d)
-        else:  # the ablation: set k - 2 for head k
-            n = max(config.num_heads - 1, 0)
-            self.recurrent_decoders = nn.ModuleList(
-                AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps) for _ in range(n))
-            self.recurrent_fcs = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(n))
+        # the design: one (AttnDec2, FC) set for heads 2..K; the ablation: set k - 2 for head k
+        n = 1 if config.shared_recurrence else max(config.num_heads - 1, 0)
+        decoders = [AttentionDecoder(d, config.num_attention_heads, eps, bias=True, gate_eps=eps)
+                    for _ in range(n)]
+        fcs = [nn.Linear(2 * d, d) for _ in range(n)]
+        if config.shared_recurrence:
+            self.recurrent_decoder, self.recurrent_fc = decoders[0], fcs[0]
+        else:
+            self.recurrent_decoders, self.recurrent_fcs = nn.ModuleList(decoders), nn.ModuleList(fcs)
         self.head_norm = nn.RMSNorm(d, eps=eps)
         # the reference initialisation (CLOVER2.md §2.2): near-identity projectors, and
         # small positive values so the token embedding enters from the first step
         with torch.no_grad():
-            if config.shared_recurrence:
-                decoders, fcs = [self.recurrent_decoder], [self.recurrent_fc]
-            else:
-                decoders, fcs = list(self.recurrent_decoders), list(self.recurrent_fcs)
             for dec in (self.decoder, *decoders):
                 nn.init.uniform_(dec.w_v.weight, 0.0, 0.01)
             for fc in (self.first_fc, *fcs):
