@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from clover import Engine, encode_prompt, new_heads, parse_tree_spec
-from clover.heads import heads_for, shipped_heads_dir
+from clover.heads import heads_for
 from clover.methods import HEAD_METHODS
 from conftest import ScriptedHeads, oracle_tree_fn, perturb
 
@@ -20,7 +20,6 @@ PROMPTS = [
     "If I have 3 apples and buy 5 more, how many apples do I have?",
 ]
 N = 32
-SHIPPED_KINDS = [k for k in HEAD_METHODS if shipped_heads_dir(k) is not None]  # Clover-2's too, once shipped
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_heads_parity_on_embedded(embedded, references, kind, spec):
         assert_same_or_near_tie(embedded, ids, out.token_ids, ref)
 
 
-@pytest.mark.parametrize("kind", SHIPPED_KINDS)
+@pytest.mark.parametrize("kind", HEAD_METHODS)
 def test_default_heads_parity_on_embedded(embedded, references, kind):
     """The CLI's default heads (the shipped ones) keep greedy output."""
     engine = Engine(embedded, heads_for(kind, embedded)[0], parse_tree_spec("dynamic"))
@@ -95,8 +94,7 @@ def test_shipped_heads_fit_the_embedded_model_under_its_hub_name(embedded):
     from clover.heads import SHIPPED, heads_for
     from clover.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
 
-    assert {"medusa", "clover"} <= set(SHIPPED_KINDS)
-    for kind in SHIPPED_KINDS:
+    for kind in HEAD_METHODS:  # every kind ships trained heads for the embedded model
         heads, source = heads_for(kind, embedded)
         assert source == SHIPPED and heads.config.target_fingerprint == embedded.fingerprint
     try:
