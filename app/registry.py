@@ -120,7 +120,10 @@ class LoadedModel:
 
         if spaces is not None:
             return replace(tree, auto=False)
-        if method not in self.auto_trees and self.calibrating.is_set():
+        known = self.auto_trees.get(method)
+        if known is not None:  # never wait on the lock the background calibration holds
+            return known
+        if self.calibrating.is_set():
             return replace(tree, auto=False)
         with self._lock:
             if method not in self.auto_trees:
@@ -132,7 +135,7 @@ class LoadedModel:
         any left are measured in a daemon thread (runs meanwhile use the default budget),
         which then decodes two tokens per method (warm-up). Returns the thread, or None
         when nothing was left to measure."""
-        from clover.autotree import resolve_tree
+        from clover.autotree import resolve_tree, sized_lookup
 
         todo = [m for m in self.head_kinds if self.heads.get(m) is not None
                 and m not in self.auto_trees]
@@ -150,8 +153,10 @@ class LoadedModel:
                 for m in todo:
                     with self._lock:
                         self.auto_trees[m] = resolve_tree(self.target, self.heads[m], auto_tree())[0]
+                with self._lookup_lock:  # the verify cost curve for prompt lookup
+                    if self._lookup is None:
+                        self._lookup = sized_lookup(self.target)
                 self.calibrating.clear()
-                self.lookup_config()  # the verify cost curve for prompt lookup
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
             except Exception:  # the default tree stays in use; the app keeps serving
                 log.exception("sizing the auto tree failed; using the default budget")

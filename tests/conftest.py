@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -288,6 +289,15 @@ def serve(demo):
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                 quiet=True, **launch_options())
     return f"http://127.0.0.1:{port}/"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Let the app's background auto-tree sizing end before the interpreter does: a daemon
+    thread still inside torch at exit aborts the process ("terminate called without an
+    active exception"), which would fail the run after every test passed."""
+    for thread in threading.enumerate():
+        if thread.name == "clover-auto-tree":
+            thread.join(timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -271,15 +272,16 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
 
 def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     """register_model(warm_up="background") returns at once; runs use the default budget
-    until the measurement lands; the measured budget is stored and reused next start."""
+    until the measurement lands, and a method already sized never waits for the others'
+    measurement; the measured budget is stored and reused next start."""
     import clover.autotree
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
-    release, measured = threading.Event(), []
+    gates, measured = [threading.Event(), threading.Event()], []  # one per measurement
     real = clover.autotree.auto_tree
 
     def slow(target, heads, base=None, **kw):
-        release.wait(60)
+        gates[len(measured)].wait(60)
         measured.append(heads)
         return real(target, heads, base, repeats=1, **kw)
 
@@ -291,7 +293,16 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     assert "being sized for this machine in the background" in loaded.notice()
     default = loaded.tree_for("clover", app_settings.auto_tree())
     assert not default.auto and default.budget == app_settings.auto_tree().budget
-    release.set()
+    gates[0].set()
+    for _ in range(600):
+        if loaded.auto_trees:
+            break
+        threading.Event().wait(0.1)
+    (first,) = loaded.auto_trees  # sized; the other method's measurement holds the lock
+    began = time.monotonic()
+    assert loaded.tree_for(first, app_settings.auto_tree()) == loaded.auto_trees[first]
+    assert time.monotonic() - began < 5  # did not wait for the other measurement
+    gates[1].set()
     for _ in range(600):
         if not loaded.calibrating.is_set():
             break
