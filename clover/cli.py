@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                                           "by the target's forward pass during training")
     tx.add_argument("--out", required=True, help="output folder (rebuilt)")
     tx.add_argument("--model", default=None, help="target whose tokenizer to use (default: embedded)")
+    tx.add_argument("--packages", default="",
+                    help="also the docstrings of these installed packages, comma-separated, "
+                         "each refused unless its declared licence is permissive; 'default': "
+                         "the permissively licensed packages this project installs (numpy, "
+                         "torch, pandas, transformers, ...)")
     tx.add_argument("--max-answer-tokens", type=_positive_int, default=512)
     tx.add_argument("--max-texts", type=_positive_int, default=None)
     tx.add_argument("--device", default=None)
@@ -256,13 +261,22 @@ def cmd_data(args) -> int:
 def cmd_text_data(args) -> int:
     from clover.training.data import build_text_dataset
     from clover.models import load_target
-    from clover.training.prompts import stdlib_docs
+    from clover.training.prompts import DEFAULT_DOC_PACKAGES, package_docs, stdlib_docs
 
-    texts = stdlib_docs()[: args.max_texts]
+    names = [p.strip() for p in args.packages.split(",") if p.strip()]
+    if names == ["default"]:
+        names = list(DEFAULT_DOC_PACKAGES)
+    texts = stdlib_docs()
+    sources = {"python-stdlib": "PSF License Agreement"}
+    if names:
+        more, licences = package_docs(names)  # ValueError: a package not permissive
+        seen = {t["text"] for t in texts}
+        texts += [t for t in more if t["text"] not in seen]
+        sources.update(licences)
+    texts = texts[: args.max_texts]
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
     n = build_text_dataset(target.tokenizer, texts, args.out, args.max_answer_tokens)
-    print(json.dumps({"out": args.out, "records": n, "source": "Python standard library "
-                      "docstrings (PSF License Agreement)"}))
+    print(json.dumps({"out": args.out, "records": n, "docstrings of (licence)": sources}))
     return 0
 
 

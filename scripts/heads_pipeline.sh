@@ -36,10 +36,13 @@ run abl-clover2-unshared "${ABL[@]}" --no-shared-recurrence
 # run full-v2-clover --preset smollm2-clover
 # run full-v2-medusa --preset smollm2-medusa
 # run small-v2-clover --preset smollm2-clover --max-conversations 1200 --steps 1000
-# ablations on the same data and steps: regularisation, then HASS top-K distillation
-run full-v2-clover-reg --preset smollm2-clover --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
-run full-v2-clover-topk --preset smollm2-clover --topk-weight 1.0 --topk 10
-# forward-labelled fixed text (Python docstrings, teacher forcing) on top of the answers
+# Clover's ablations (issue 14), like Clover-2's: 500 steps each, identical but for one
+# change: the recipe's base, regularisation, HASS top-K distillation, and forward-labelled
+# fixed text (Python docstrings, teacher forcing) mixed into the answers
+ABLC=(--preset smollm2-clover --steps 500 --eval-every 250)
+run abl-clover "${ABLC[@]}"
+run abl-clover-reg "${ABLC[@]}" --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
+run abl-clover-topk "${ABLC[@]}" --topk-weight 1.0 --topk 10
 [ -d data/text-pydoc ] || clover text-data --out data/text-pydoc
-run full-v2-clover-text --preset smollm2-clover --data "$DATA,data/text-pydoc"
+run abl-clover-text "${ABLC[@]}" --data "$DATA,data/text-pydoc"
 echo "== $(date -u +%FT%TZ) done"

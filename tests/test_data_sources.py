@@ -235,3 +235,21 @@ def test_text_records_are_labelled_by_the_forward_pass(tmp_path):
     start = r["loss_mask"].index(1)
     assert sum(r["loss_mask"]) == 12 and r["input_ids"][start - 1] == 3  # after the assistant marker
     assert r["input_ids"][start:] == target.tokenizer.encode(texts[0]["text"])[:12]
+
+
+def test_package_docstrings_only_from_permissive_licences(monkeypatch):
+    from clover.training import prompts
+
+    assert prompts.is_permissive("Apache-2.0 AND Apache-2.0 WITH LLVM-exception AND MIT")
+    assert prompts.is_permissive("BSD License")
+    assert not prompts.is_permissive("MPL-2.0 AND MIT") and not prompts.is_permissive("GPL-3.0")
+    assert not prompts.is_permissive("")
+    docs, licences = prompts.package_docs(["safetensors"])  # Apache-2.0, a project dependency
+    assert licences == {"safetensors": prompts.package_licence("safetensors")}
+    assert docs and all(d["question_id"].startswith("pydoc:safetensors.") for d in docs)
+    assert len({d["text"] for d in docs}) == len(docs)
+    with pytest.raises(ValueError, match="not an installed package"):
+        prompts.package_docs(["no_such_package_here"])
+    monkeypatch.setattr(prompts, "package_licence", lambda name: "GPL-3.0-only")
+    with pytest.raises(ValueError, match="GPL-3.0-only"):
+        prompts.package_docs(["safetensors"])

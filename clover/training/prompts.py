@@ -364,30 +364,41 @@ def build_prompt_mix(out: str | Path, sharegpt: int | None = None, templated: in
 # ---------------------------------------------------------------- fixed text (forward-labelled)
 
 
-def stdlib_docs(min_chars: int = 200, max_chars: int = 3000, root: str | Path | None = None) -> list[dict]:
-    """Docstrings of Python's standard library, read with ``ast`` from the installed
-    sources (nothing is imported): fixed English text whose licence (the PSF License
-    Agreement, permissive) allows training on it. Modules, public classes and public
-    functions; tests, private names and non-English or too short / too long texts are
-    left out; exact duplicates are dropped.
+# licence ids and names counted as permissive for training on a package's docstrings
+PERMISSIVE_LICENCES = ("MIT", "BSD", "0BSD", "Apache", "PSF", "Python Software Foundation",
+                       "ISC", "Zlib", "CC0", "BSL-1.0", "LLVM-exception", "MIT-CMU")
+# the permissively licensed packages the project itself installs (``clover text-data --packages
+# default``); each one's licence is checked again from its metadata when it is read
+DEFAULT_DOC_PACKAGES = ("numpy", "torch", "pandas", "networkx", "sympy", "transformers",
+                        "accelerate", "huggingface_hub", "gradio", "pydantic")
+_DOC_SKIP = {"test", "tests", "testing", "idlelib", "lib2to3", "site-packages", "dist-packages",
+             "ensurepip", "turtledemo", "__pycache__", "pydoc_data", "encodings", "_vendor"}
+
+
+def stdlib_docs(min_chars: int = 200, max_chars: int = 3000, root: str | Path | None = None,
+                package: str = "") -> list[dict]:
+    """Docstrings of Python's standard library (or, with ``root`` and ``package``, of one
+    installed package), read with ``ast`` from the sources (nothing is imported): fixed
+    English text whose licence (the PSF License Agreement, permissive) allows training on
+    it. Modules, public classes and public functions; tests, private names and non-English
+    or too short / too long texts are left out; exact duplicates are dropped.
 
     Returns:
         ``{"question_id": "pydoc:<module>.<name>", "category": "docs", "name": ...,
-        "text": docstring}`` sorted by question id.
+        "text": docstring}`` sorted by question id; ``<module>`` starts with ``package``.
     """
     import ast
     import inspect
     import sysconfig
 
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
-            "turtledemo", "__pycache__", "pydoc_data", "encodings"}
     out, seen = [], set()
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if any(part in skip or part.startswith("_") and part != "__init__.py" for part in rel.parts):
+        if any(part in _DOC_SKIP or part.startswith("_") and part != "__init__.py" for part in rel.parts):
             continue
-        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        module = ".".join(p for p in (package, *rel.with_suffix("").parts) if p)
+        module = module.removesuffix(".__init__").removesuffix("__init__") or package
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -407,3 +418,70 @@ def stdlib_docs(min_chars: int = 200, max_chars: int = 3000, root: str | Path | 
             seen.add(text)
             out.append({"question_id": f"pydoc:{name}", "category": "docs", "name": name, "text": text})
     return sorted(out, key=lambda r: r["question_id"])
+
+
+def is_permissive(licence: str) -> bool:
+    """Whether every part of a licence (an SPDX expression such as ``"Apache-2.0 AND
+    MIT"``, or a short name such as ``"BSD License"``) is in :data:`PERMISSIVE_LICENCES`."""
+    parts = [p.strip() for p in re.split(r"\s+(?:AND|OR|WITH)\s+|[()]", licence) if p.strip()]
+    return bool(parts) and all(p.startswith(PERMISSIVE_LICENCES) for p in parts)
+
+
+def package_licence(module: str) -> str:
+    """The licence the installed distribution of top-level ``module`` declares: its
+    ``License-Expression``, else its OSI licence classifiers, else a short ``License``
+    field (a long one is the whole licence text, which names no licence reliably).
+
+    Raises:
+        ValueError: the module belongs to no installed distribution, or it declares none.
+    """
+    from importlib import metadata
+
+    dists = metadata.packages_distributions().get(module)
+    if not dists:
+        raise ValueError(f"{module!r} is not an installed package")
+    meta = metadata.metadata(dists[0])
+    if meta.get("License-Expression"):
+        return meta["License-Expression"]
+    classifiers = [c.split(" :: ")[-1] for c in meta.get_all("Classifier") or []
+                   if c.startswith("License :: OSI Approved :: ")]
+    if classifiers:
+        return " AND ".join(classifiers)
+    short = (meta.get("License") or "").strip()
+    if short and len(short) <= 80 and "\n" not in short:
+        return short
+    raise ValueError(f"{module!r} ({dists[0]}) declares no licence this can read")
+
+
+def package_docs(packages=DEFAULT_DOC_PACKAGES, min_chars: int = 200,
+                 max_chars: int = 3000) -> tuple[list[dict], dict[str, str]]:
+    """Docstrings of installed packages (as :func:`stdlib_docs`, question ids
+    ``pydoc:<package>.<module>.<name>``), each package's licence checked first.
+
+    Returns:
+        the records (texts already seen in an earlier package dropped) and
+        ``{package: licence}``.
+    Raises:
+        ValueError: a package is not installed, declares no readable licence, or its
+            licence is not permissive (:func:`is_permissive`): nothing is read then.
+    """
+    import importlib.util
+
+    licences = {}
+    for name in packages:
+        licence = package_licence(name)
+        if not is_permissive(licence):
+            raise ValueError(f"{name}'s licence ({licence}) is not one this project trains on "
+                             f"(permissive: {', '.join(PERMISSIVE_LICENCES)})")
+        licences[name] = licence
+    out, seen = [], set()
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"{name!r} is not an installed package")
+        root = Path(list(spec.submodule_search_locations)[0])
+        for doc in stdlib_docs(min_chars, max_chars, root=root, package=name):
+            if doc["text"] not in seen:
+                seen.add(doc["text"])
+                out.append(doc)
+    return out, licences
