@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
     b.add_argument("--out", required=True, help="folder for results.json, results.md, charts.html")
-    for p in (g, d, pr, t, b):
+    for p in (g, d, pr, tx, t, b):
         p.add_argument("--threads", type=_positive_int, default=None,
                        help="CPU threads for torch (default: torch's choice)")
     return parser

@@ -253,3 +253,22 @@ def test_package_docstrings_only_from_permissive_licences(monkeypatch):
     monkeypatch.setattr(prompts, "package_licence", lambda name: "GPL-3.0-only")
     with pytest.raises(ValueError, match="GPL-3.0-only"):
         prompts.package_docs(["safetensors"])
+
+
+def test_text_data_command_reports_sources_and_refuses_a_licence(tiny_dir, tmp_path, capsys,
+                                                                 monkeypatch):
+    import json
+
+    from clover.cli import main
+    from clover.training import prompts
+
+    out = tmp_path / "docs"
+    argv = ["text-data", "--out", str(out), "--model", str(tiny_dir), "--max-texts", "4"]
+    assert main(argv + ["--packages", "safetensors"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["records"] == 4 and sorted(printed["docstrings of (licence)"]) == [
+        "python-stdlib", "safetensors"]
+    assert list(out.glob("*.jsonl.gz"))
+    monkeypatch.setattr(prompts, "package_licence", lambda name: "GPL-3.0-only")
+    assert main(argv + ["--packages", "safetensors"]) == 2
+    assert "GPL-3.0-only" in capsys.readouterr().err
