@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
 THREADS="${THREADS:-2}"
-while pgrep -f data_pipeline.sh >/dev/null; do sleep 30; done
+while pgrep -f "bash [^ ]*data_pipeline\.sh" >/dev/null; do sleep 30; done  # the script itself, not a command line naming it
 DATA=data/selfdistill-v2
 COMMON=(--data "$DATA" --hidden-cache runs/hidden-v2-full.safetensors --decay 0.8
         --eval-conversations 48 --threads "$THREADS")
