@@ -89,11 +89,17 @@ class LoadedModel:
         calibration or else on first use, then kept). While the calibration is still
         running, and on ZeroGPU (which this process cannot time), a fixed chain of at most
         4 tokens."""
-        from clover.autotree import sized_lookup
         from clover.lookup import LookupConfig
 
         if spaces is not None or (self._lookup is None and self.calibrating.is_set()):
             return LookupConfig(max_tokens=4)
+        return self._sized_lookup()
+
+    def _sized_lookup(self):
+        """The lookup settings sized on this machine's verify cost curve, measured on the
+        first call (under a lock, so once), then kept."""
+        from clover.autotree import sized_lookup
+
         with self._lookup_lock:
             if self._lookup is None:
                 self._lookup = sized_lookup(self.target)
@@ -135,7 +141,7 @@ class LoadedModel:
         any left are measured in a daemon thread (runs meanwhile use the default budget),
         which then decodes two tokens per method (warm-up). Returns the thread, or None
         when nothing was left to measure."""
-        from clover.autotree import resolve_tree, sized_lookup
+        from clover.autotree import resolve_tree
 
         todo = [m for m in self.head_kinds if self.heads.get(m) is not None
                 and m not in self.auto_trees]
@@ -153,10 +159,8 @@ class LoadedModel:
                 for m in todo:
                     with self._lock:
                         self.auto_trees[m] = resolve_tree(self.target, self.heads[m], auto_tree())[0]
-                with self._lookup_lock:  # the verify cost curve for prompt lookup
-                    if self._lookup is None:
-                        self._lookup = sized_lookup(self.target)
-                self.calibrating.clear()
+                self._sized_lookup()  # the verify cost curve for prompt lookup, before
+                self.calibrating.clear()  # lookup runs stop using the fixed chain
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
             except Exception:  # the default tree stays in use; the app keeps serving
                 log.exception("sizing the auto tree failed; using the default budget")

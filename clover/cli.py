@@ -261,7 +261,7 @@ def cmd_data(args) -> int:
 def cmd_text_data(args) -> int:
     from clover.training.data import build_text_dataset
     from clover.models import load_target
-    from clover.training.prompts import DEFAULT_DOC_PACKAGES, package_docs, stdlib_docs
+    from clover.training.prompts import DEFAULT_DOC_PACKAGES, package_docs, stdlib_docs, unique_texts
 
     names = [p.strip() for p in args.packages.split(",") if p.strip()]
     if names == ["default"]:
@@ -270,8 +270,7 @@ def cmd_text_data(args) -> int:
     sources = {"python-stdlib": "PSF License Agreement"}
     if names:
         more, licences = package_docs(names)  # ValueError: a package not permissive
-        seen = {t["text"] for t in texts}
-        texts += [t for t in more if t["text"] not in seen]
+        texts = unique_texts(texts + more)
         sources.update(licences)
     texts = texts[: args.max_texts]
     target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))

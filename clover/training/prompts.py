@@ -397,8 +397,10 @@ def stdlib_docs(min_chars: int = 200, max_chars: int = 3000, root: str | Path | 
         rel = path.relative_to(root)
         if any(part in _DOC_SKIP or part.startswith("_") and part != "__init__.py" for part in rel.parts):
             continue
-        module = ".".join(p for p in (package, *rel.with_suffix("").parts) if p)
-        module = module.removesuffix(".__init__").removesuffix("__init__") or package
+        parts = [package, *rel.with_suffix("").parts]
+        if parts[-1] == "__init__":  # a package's own docstring is its module's
+            parts.pop()
+        module = ".".join(p for p in parts if p)
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -474,14 +476,21 @@ def package_docs(packages=DEFAULT_DOC_PACKAGES, min_chars: int = 200,
             raise ValueError(f"{name}'s licence ({licence}) is not one this project trains on "
                              f"(permissive: {', '.join(PERMISSIVE_LICENCES)})")
         licences[name] = licence
-    out, seen = [], set()
+    docs = []
     for name in packages:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"{name!r} is not an installed package")
         root = Path(list(spec.submodule_search_locations)[0])
-        for doc in stdlib_docs(min_chars, max_chars, root=root, package=name):
-            if doc["text"] not in seen:
-                seen.add(doc["text"])
-                out.append(doc)
-    return out, licences
+        docs += stdlib_docs(min_chars, max_chars, root=root, package=name)
+    return unique_texts(docs), licences
+
+
+def unique_texts(docs) -> list[dict]:
+    """``docs`` without the records whose ``text`` an earlier one already has."""
+    out, seen = [], set()
+    for d in docs:
+        if d["text"] not in seen:
+            seen.add(d["text"])
+            out.append(d)
+    return out
