@@ -45,4 +45,11 @@ run abl-clover-reg "${ABLC[@]}" --weight-decay 0.01 --dropout 0.1 --feature-nois
 run abl-clover-topk "${ABLC[@]}" --topk-weight 1.0 --topk 10
 [ -d data/text-pydoc ] || clover text-data --out data/text-pydoc
 run abl-clover-text "${ABLC[@]}" --data "$DATA,data/text-pydoc"
+# The 4th learning-curve point (issue 14): the recipe's base on the greedy answers plus the
+# Magpie answers (3.06M answer tokens, 1.23x the v2 set), steps scaled to the data
+# (3,000 x 1.23 = 3,700), Medusa and Clover alike. The held-out set is unchanged: it is
+# the first held-out conversations in reading order, all from data/selfdistill-v2.
+MAGPIE=(--data "$DATA,data/selfdistill-v2-magpie" --steps 3700)
+run full-v3-clover --preset smollm2-clover "${MAGPIE[@]}"
+run full-v3-medusa --preset smollm2-medusa "${MAGPIE[@]}"
 echo "== $(date -u +%FT%TZ) done"
