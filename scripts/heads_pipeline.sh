@@ -1,55 +1,47 @@
 #!/usr/bin/env bash
-# Head training runs for issue 14, one after another. Every run resumes from its
-# checkpoint, so re-running this script continues the queue where it stopped:
-#   nohup scripts/heads_pipeline.sh >> runs/heads-pipeline.log 2>&1 &
-# It waits while the data pipeline (scripts/data_pipeline.sh) runs: two jobs on two
-# cores each run at a fraction of their speed. All runs share one hidden-state cache.
+# The head-training queue: the compute curve at fixed data. Every run, checkpoint and the
+# shared hidden-state cache live under $CLOVER_CACHE_DIR (default ~/.cache/clover-studio),
+# never in the work tree, and every run resumes from its last checkpoint, so this one
+# command starts the queue on a fresh machine and continues it after any stop:
+#
+#   nohup scripts/heads_pipeline.sh >> ~/.cache/clover-studio/heads-pipeline.log 2>&1 &
+#
+# On a fresh machine the first run computes the target's hidden states once (about
+# 3.5M tokens, saved every ten minutes, so that step resumes too); later runs share them.
+# It waits while the data pipeline (scripts/data_pipeline.sh) runs: two jobs on two cores
+# each run at a fraction of their speed.
+#
+# The data is the v3 heads' (data/selfdistill-v2 plus the Magpie answers, 2.94M training
+# answer tokens). The v3 heads saw 3,700 steps x 8 conversations x 64 sampled positions =
+# 1.9M position-visits (0.64 passes). Here every answer position is trained
+# (--positions 0, about 2,230 per 8-conversation batch), so 850 steps are 1x the v3
+# compute, 3,400 are 4x and 8,500 are 10x. One run per head kind goes to its largest
+# point under one long cosine, saving the heads of every evaluation (--keep-evals) so the
+# curve's points come from one run; scripts/heads_eval.py then scores each on all of
+# Spec-Bench. Medusa gets exactly Clover's steps, batches and positions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
 THREADS="${THREADS:-2}"
+CACHE="${CLOVER_CACHE_DIR:-$HOME/.cache/clover-studio}"
+RUNS="$CACHE/runs"
+mkdir -p "$RUNS"
 while pgrep -f "bash [^ ]*data_pipeline\.sh" >/dev/null; do sleep 30; done  # the script itself, not a command line naming it
-DATA=data/selfdistill-v2
-COMMON=(--data "$DATA" --hidden-cache runs/hidden-v2-full.safetensors --decay 0.8
-        --eval-conversations 48 --threads "$THREADS")
+DATA=data/selfdistill-v2,data/selfdistill-v2-magpie
+COMMON=(--data "$DATA" --hidden-cache "$CACHE/hidden-v3.safetensors" --decay 0.8
+        --eval-conversations 48 --threads "$THREADS" --positions 0 --keep-evals
+        --eval-every 425 --save-every 50 --warmup 100)
 
 run() {  # name, then clover train options
   local name=$1; shift
-  if [ -f "runs/$name/training.json" ]; then echo "== $name done"; return; fi
+  if [ -f "$RUNS/$name/training.json" ]; then echo "== $name done"; return; fi
   echo "== $(date -u +%FT%TZ) $name"
-  clover train "${COMMON[@]}" "$@" --out "runs/$name"  # later options win
+  clover train "${COMMON[@]}" "$@" --out "$RUNS/$name"  # later options win
 }
 
-# Clover-2 (issue 15) on the same data, steps, budget and K = 3 heads (the preset says why)
-run full-v2-clover2 --preset smollm2-clover2
-# its ablations (issue 15), shorter (500 steps) but identical to each other but for one
-# change: the design, without the hidden-state regression, without the shared recurrence
-ABL=(--preset smollm2-clover2 --steps 500 --eval-every 250)
-run abl-clover2 "${ABL[@]}"
-run abl-clover2-noreg "${ABL[@]}" --hidden-weight 0
-run abl-clover2-unshared "${ABL[@]}" --no-shared-recurrence
-# Done, their results kept in the repository: the recipe's base on all v2 greedy data is
-# the shipped assets/heads/{clover,medusa} (training.json there), the third learning-curve
-# point is in the model card. Uncomment to run them again:
-# run full-v2-clover --preset smollm2-clover
-# run full-v2-medusa --preset smollm2-medusa
-# run small-v2-clover --preset smollm2-clover --max-conversations 1200 --steps 1000
-# Clover's ablations (issue 14), like Clover-2's: 500 steps each, identical but for one
-# change: the recipe's base, regularisation, HASS top-K distillation, and forward-labelled
-# fixed text (Python docstrings, teacher forcing) mixed into the answers
-ABLC=(--preset smollm2-clover --steps 500 --eval-every 250)
-run abl-clover "${ABLC[@]}"
-run abl-clover-reg "${ABLC[@]}" --weight-decay 0.01 --dropout 0.1 --feature-noise 0.1
-run abl-clover-topk "${ABLC[@]}" --topk-weight 1.0 --topk 10
-[ -d data/text-pydoc ] || clover text-data --out data/text-pydoc
-run abl-clover-text "${ABLC[@]}" --data "$DATA,data/text-pydoc"
-# The 4th learning-curve point (issue 14): the recipe's base on the greedy answers plus the
-# Magpie answers (3.06M answer tokens, 1.23x the v2 set), steps scaled to the data
-# (3,000 x 1.23 = 3,700), Medusa and Clover alike. The held-out set is unchanged: it is
-# the first held-out conversations in reading order, all from data/selfdistill-v2.
-MAGPIE=(--data "$DATA,data/selfdistill-v2-magpie" --steps 3700)
-run full-v3-clover --preset smollm2-clover "${MAGPIE[@]}"
-run full-v3-medusa --preset smollm2-medusa "${MAGPIE[@]}"
+run curve-clover --preset smollm2-clover --steps 8500
+run curve-medusa --preset smollm2-medusa --steps 8500
+run curve-clover2 --preset smollm2-clover2 --steps 3400
 echo "== $(date -u +%FT%TZ) done"

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import threading
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The suite keeps its own cache (embedded model copy, measured auto trees, yardstick): it
+# never reads or writes the user's ~/.cache/clover-studio. Subprocesses inherit it.
+# CLOVER_TEST_CACHE_DIR names a folder to reuse between runs (saves the model conversion).
+USER_CACHE_DIR = os.environ.get("CLOVER_CACHE_DIR")
+os.environ["CLOVER_CACHE_DIR"] = (os.environ.get("CLOVER_TEST_CACHE_DIR")
+                                  or tempfile.mkdtemp(prefix="clover-test-cache-"))
 
 import pytest
 import torch

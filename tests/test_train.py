@@ -365,3 +365,36 @@ def test_heads_report_reads_the_selected_evaluation(tmp_path):
     assert report.row(run) == "| full-v2-clover | clover | 7,665 | 3,000 | 40 min | 2,000 | 1.900 | 52.0 / 26.0 |"
     (tmp_path / "unfinished").mkdir()
     assert report.main([str(run), str(tmp_path / "unfinished")]) == 0
+
+
+def test_yardstick_scores_per_task_and_six_task_mean(tmp_path, monkeypatch):
+    """The yardstick answers a Spec-Bench-shaped file once into $CLOVER_CACHE_DIR, keeps
+    MT-bench's categories as one task, and its six-task mean weights the tasks alike."""
+    from clover.heads import new_heads
+    from clover.training import yardstick
+    from clover.training.hidden_cache import HiddenCache
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
+    cats = ["writing", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    rows = [{"question_id": i, "category": cats[i % len(cats)],
+             "turns": [" ".join(f"t{(i * 5 + j) % 90 + 4}" for j in range(3 + i % 3))]} for i in range(21)]
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    target = tiny_target("llama", eos=1)
+    recs = yardstick.answer_records(target, prompts, "sb", max_new_tokens=10, progress=False)
+    assert len(recs) == 21 and (tmp_path / "cache" / "yardstick" / "sb-10").is_dir()
+    again = yardstick.answer_records(target, prompts, "sb", max_new_tokens=10, progress=False)
+    assert again == recs  # read back, not regenerated differently
+    heads = new_heads("clover", target, num_heads=2)
+    hidden = HiddenCache(target, path=tmp_path / "hidden.safetensors")
+    res = yardstick.score(heads, target, recs, hidden)
+    assert yardstick.task_of("coding") == "mt_bench" and yardstick.task_of("rag") == "rag"
+    assert res["mt_bench"]["head1"]["positions"] == res["writing"]["head1"]["positions"] + res["coding"]["head1"]["positions"]
+    want = sum(res[t]["head1"]["top1"] for t in yardstick.SPEC_BENCH_TASKS) / 6
+    assert res["six_task"]["head1_top1"] == pytest.approx(want)
+    assert res["all"]["head1"]["positions"] == sum(res[t]["head1"]["positions"] for t in yardstick.SPEC_BENCH_TASKS)
+    # the cached (fp16) states give the same accuracies as the target's own forward
+    fresh = yardstick.score(heads, target, recs)["all"]
+    for k in ("head1", "head2"):
+        assert fresh[k]["top1"] == res["all"][k]["top1"] and fresh[k]["chain"] == res["all"][k]["chain"]
+        assert fresh[k]["loss"] == pytest.approx(res["all"][k]["loss"], rel=1e-4)

@@ -86,6 +86,9 @@ class TrainConfig:
         select: "chain" keeps the checkpoint with the best held-out chain acceptance
             (expected tokens per step of a greedy chain of the heads' top-1 drafts, see
             :func:`evaluate`), "last" the final one.
+        keep_evals: also save the heads of every evaluation to ``OUT/steps/<step>``, so
+            one long run yields the points of a compute curve (each scored later on
+            Spec-Bench by ``scripts/heads_eval.py``).
     """
 
     method: str = "clover"
@@ -114,6 +117,7 @@ class TrainConfig:
     topk: int = 10
     shared_recurrence: bool = True
     select: str = "chain"
+    keep_evals: bool = False
 
     def __post_init__(self):
         if self.method not in HEAD_KINDS:
@@ -472,6 +476,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
                 if cfg.select == "chain" and (best is None or ev["chain_tau"] > best["chain_tau"]):
                     state["best"] = {"step": state["step"], "chain_tau": ev["chain_tau"]}
                     raw.save_pretrained(out_dir / "best")
+                if cfg.keep_evals:
+                    raw.save_pretrained(out_dir / "steps" / str(state["step"]))
         if (cfg.save_every and state["step"] % cfg.save_every == 0) or last:
             save(ckpt)
     bar.close()
