@@ -219,8 +219,8 @@ def block_at(block: nn.Module, hidden: torch.Tensor, rows: torch.Tensor, cols: t
         o = nn.functional.scaled_dot_product_attention(qb, k[b: b + 1], v[b: b + 1], attn_mask=mask,
                                                        scale=attn.scaling)
         out.append(o[0].transpose(0, 1))  # (n, H, hd)
-    o = torch.empty_like(q)
-    o[order] = torch.cat(out)
+    o = torch.cat(out)  # (M, H, hd) in sorted order; its dtype follows autocast
+    o = torch.empty_like(o).index_copy_(0, order, o)
     h1 = h_sel + attn.o_proj(o.reshape(len(rows), -1))
     return h1 + layer.mlp(layer.post_attention_layernorm(h1))
 
