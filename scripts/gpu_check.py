@@ -1,4 +1,4 @@
-"""The prepared device check (issue 18): correctness and cost curves on one NVIDIA GPU.
+"""The prepared device check: correctness and cost curves on one NVIDIA GPU.
 
 Run through ``scripts/gpu_check.sh --out DIR [--dry-run]``. Everything it measures goes to
 ``DIR/gpu_check.json`` (the README's GPU section is built from it):

@@ -1,4 +1,4 @@
-"""A Markdown table of head training runs (issue 14's learning curve and ablations).
+"""A Markdown table of head training runs (learning curves and ablations).
 
 Reads each run's ``training.json`` (written by ``clover train``) and prints, per run: the
 head kind, the training conversations, steps, wall time, the selected step and its

@@ -1,4 +1,4 @@
-"""Prompt lookup settings, measured without timing noise (issue 16).
+"""Prompt lookup settings, measured without timing noise.
 
 With greedy decoding, what lookup drafts and what the target accepts depend only on the
 token sequence, so tokens per step can be replayed exactly from the plain greedy answers:

@@ -1,4 +1,4 @@
-"""Batched decoding (issue 17): every row of a batch decodes exactly what it decodes alone.
+"""Batched decoding: every row of a batch decodes exactly what it decodes alone.
 
 Each row's output equals that row's own plain greedy output, token for token, for batches
 of 1 to 5 prompts of different lengths, rows stopping at different steps (EOS, their own
@@ -451,7 +451,7 @@ def _batch_step_cost():
 
 
 def test_batch_step_cost_replay_and_breakdown():
-    """scripts/batch_step_cost.py (issue 17's cost breakdown): the replay's bounds by hand,
+    """scripts/batch_step_cost.py (the cost breakdown): the replay's bounds by hand,
     and every hooked part of a real step is timed."""
     cost = _batch_step_cost()
     steps = cost.step_costs({1: 10.0, 2: 12.0, 4: 20.0}, 4)

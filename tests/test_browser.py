@@ -130,7 +130,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
                            timeout=30_000)
     assert 2 <= page.locator("#generated-text span").count() < 16
 
-    # the step's own panels (issue 19): folded by default, each opened here
+    # the step's own panels: folded by default, each opened here
     for name in ("verify", "mask", "kv", "regressive", "speed"):
         panel = page.locator(f"#panel-{name}")
         assert not panel.locator(f"#{name}-plot").is_visible()  # folded

@@ -122,7 +122,7 @@ def test_lookup_parity_on_embedded(embedded, references, method):
 
 def test_batched_rows_on_embedded(embedded, references):
     """A batch of all six prompts (different lengths): each row decodes its own greedy
-    output (issue 17); row 0 stops on EOS, row 5 at its own max_new_tokens first."""
+    output; row 0 stops on EOS, row 5 at its own max_new_tokens first."""
     from clover import engine_for
 
     rows = [references[p][0] for p in PROMPTS]

@@ -374,7 +374,7 @@ def test_tree_figure_rings_the_nodes_prompt_lookup_proposed():
     assert len(plain.x) == 0 and not plain.showlegend
 
 
-# ---------------------------------------------------------------- the step panels (issue 19)
+# ---------------------------------------------------------------- the step panels
 
 
 def traced_step() -> StepTrace:

@@ -196,7 +196,7 @@ def test_medusa_own_lm_head_over_draft_vocabulary():
 
 
 def test_fingerprint_accepts_the_same_model_in_any_dtype_and_refuses_another(tmp_path):
-    """Heads are for a target's architecture and vocabulary, not only its sizes (issue 18)."""
+    """Heads are for a target's architecture and vocabulary, not only its sizes."""
     fp32 = tiny_llama_target()
     new_heads("clover", fp32).save_pretrained(tmp_path / "h")
     saved = json.loads((tmp_path / "h" / "config.json").read_text())["target_fingerprint"]

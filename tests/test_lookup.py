@@ -1,4 +1,4 @@
-"""Prompt lookup drafting (issue 16): match finding, the lookup branch in a head tree,
+"""Prompt lookup drafting: match finding, the lookup branch in a head tree,
 exact greedy output, and lossless sampling with lookup branches."""
 from __future__ import annotations
 

