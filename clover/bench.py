@@ -302,7 +302,8 @@ def machine_info(target) -> dict:
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
             "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "model": target.name}
+            "transformers": transformers.__version__, "model": target.name,
+            "date": __import__("datetime").date.today().isoformat()}
     if target.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(target.device)
     return info

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,3 +37,60 @@ def test_cli_reference_names_every_flag():
         for action in parser._actions:
             for flag in action.option_strings:
                 assert flag in text, f"{flag} of clover {name} is missing from docs/cli.md"
+
+
+def test_readme_results_table_equals_the_committed_bench_run():
+    """The README's one results table is the rendering of the results.json it cites."""
+    import json
+    import re
+
+    table = _script("results_table")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = table.readme_block(readme)
+    source = re.search(r"From \[`([^`]+)`\]", block).group(1)
+    want = table.render(json.loads((ROOT / source).read_text()), source)
+    assert block == want.strip(), "run `python scripts/results_table.py --write`"
+    assert len(readme.splitlines()) <= 300
+
+
+def _readme_commands() -> list[str]:
+    """The `clover ...` command lines of the README's bash blocks."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        cmds += [line.strip() for line in block.splitlines() if line.strip().startswith("clover ")]
+    return cmds
+
+
+def test_readme_cli_table_names_every_subcommand():
+    import argparse
+
+    from clover.cli import build_parser
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in sub.choices:
+        assert f"`clover {name} " in readme, f"the README's CLI table misses clover {name}"
+    assert _readme_commands(), "the README shows no clover command"
+
+
+@pytest.mark.slow
+def test_readme_cli_examples_run_as_written():
+    """Each `clover generate` example of the README runs (with a tiny token count) and
+    prints text; every other shown command at least parses (--help)."""
+    import shlex
+    import subprocess
+    import sys
+
+    for cmd in _readme_commands():
+        args = shlex.split(cmd)[1:]
+        if args[0] == "generate":
+            args = [a for a in args if a != "..."] + ["--max-new-tokens", "4"]
+        else:
+            args = [args[0], "--help"]
+        out = subprocess.run([sys.executable, "-m", "clover.cli", *args], capture_output=True, text=True,
+                             cwd=ROOT, timeout=600)
+        assert out.returncode == 0, f"`clover {' '.join(args)}` failed:\n{out.stderr[-2000:]}"
+        assert out.stdout.strip()
