@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from app import figures, runner, step_panels
-from app.metrics import METHOD_NAMES, best_step, run_stats, speedup, token_origins
+from app.metrics import METHOD_NAMES, best_step, engine_ms, run_stats, speedup, token_origins
 from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import MAX_NEW_TOKENS, parse_settings
 from clover import TreeConfig
@@ -28,11 +29,13 @@ log = logging.getLogger(__name__)
 
 EXAMPLES_FILE = assets_dir() / "examples.json"
 REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster
+LIVE_RACE_SECONDS = 1.0  # the live race is redrawn at most this often during a run
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
                "Page rendering is not counted. Speedups compare the methods at the same "
-               "number of tokens; the methods ran one after another on this machine, never "
-               "at the same time.")
+               "number of tokens; the methods ran in lockstep on this machine (one step of "
+               "each in turn, never two at the same time), so a change in the machine's "
+               "load touches them all alike.")
 
 
 @dataclass
@@ -102,9 +105,37 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
             table.append((m, run_stats(state.runs[m]), done))
     if "ar" not in state.runs and method != "ar":
         note += " Turn on *Compare with the other methods* to measure the speedups."
+    busy = busy_note(state)
+    if busy:
+        note = busy + " " + note
     vs_plain = speedup(live, state.runs.get("ar", []))
     vs_medusa = speedup(live, state.runs.get("medusa+lookup") or state.runs.get("medusa", []))
     return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note)
+
+
+BUSY_FACTOR = 1.5  # a plain step this many times its quiet time: the machine was busy
+
+
+def busy_note(state: RunState) -> str:
+    """A warning when the machine was busy during the run: plain decoding's median step
+    (engine time) over :data:`BUSY_FACTOR` times the quiet plain step the start-up
+    calibration measured (:meth:`app.registry.LoadedModel.plain_step_ms`); "" otherwise,
+    or where either is unknown."""
+    plain = state.runs.get("ar") or []
+    if len(plain) < 3 or state.model_key is None:
+        return ""
+    try:
+        quiet = loaded_model(state.model_key).plain_step_ms()
+    except KeyError:  # the model was unloaded since
+        return ""
+    if not quiet:
+        return ""
+    typical = statistics.median(engine_ms(s) for s in plain)
+    if typical <= BUSY_FACTOR * quiet:
+        return ""
+    return (f"⚠ The machine was busy during this run: a plain step took {typical:.0f} ms here, "
+            f"{quiet:.0f} ms when quiet, so these ratios are less certain (the methods ran in "
+            f"lockstep, so the load fell on all of them).")
 
 
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
@@ -234,13 +265,20 @@ class RunHandler:
                    race=figures.empty_figure("The race appears after the run"))
         order = runner.run_order(settings.method, settings.compare, settings.lookup,
                                  chosen.methods)
+        shown = 0.0  # when the page last got a picture of the runs that are not watched
         try:
             with closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
                 for ev in events:
                     if st.stop:  # Stop was pressed: end here, after this step
                         yield _finish(st, stopped=True)
                         return
-                    yield _event_outputs(st, ev, order, settings.max_new_tokens)
+                    _record(st, ev)
+                    now = time.monotonic()
+                    if ev.live or ev.kind == "done" or now - shown >= LIVE_RACE_SECONDS:
+                        race = len(order) > 1 and now - shown >= LIVE_RACE_SECONDS
+                        if race:
+                            shown = now
+                        yield _event_outputs(st, ev, order, settings.max_new_tokens, race)
         except ValueError as e:
             st.done = True
             yield _fail(str(e))
@@ -253,26 +291,47 @@ class RunHandler:
         yield _finish(st)
 
 
-def _event_outputs(st: RunState, ev: runner.RunEvent, order: list[str], max_new: int) -> tuple:
-    """Record one :class:`app.runner.RunEvent` in ``st`` and say what changed."""
-    name = METHOD_NAMES[ev.method]
-    k = order.index(ev.method) + 1
+def _record(st: RunState, ev: runner.RunEvent) -> None:
+    """Record one :class:`app.runner.RunEvent` in ``st``."""
     if ev.kind == "start":
         st.runs[ev.method] = []
-        what = "watching it step by step" if ev.live else "measuring it for comparison"
-        return _out(status=f"Run {k} of {len(order)}: **{name}**, {what}…", state=st)
-    if ev.kind == "step":
-        steps = st.runs[ev.method]
-        steps.append(ev.step)
-        if ev.live:
-            return _out(status=f"Run {k} of {len(order)}: **{name}** · step {len(steps)} · "
-                               f"{ev.step.total_tokens} of {max_new} tokens",
-                        metrics=_metrics(st), tree=figures.tree_figure(ev.step),
-                        text=figures.tokens_html(steps), state=st)
-        return _out(status=f"Run {k} of {len(order)}: **{name}**, measuring it for "
-                           f"comparison… {ev.step.total_tokens} tokens", state=st)
-    st.results[ev.method] = ev.result
-    return _out(metrics=_metrics(st), state=st)
+    elif ev.kind == "step":
+        st.runs[ev.method].append(ev.step)
+    else:
+        st.results[ev.method] = ev.result
+
+
+def _race_status(st: RunState, order: list[str], max_new: int) -> str:
+    """How far each method of the race is, in one line."""
+    parts = []
+    for m in order:
+        steps = st.runs.get(m, [])
+        n = steps[-1].total_tokens if steps else 0
+        parts.append(f"{METHOD_NAMES[m]} {'✓' if m in st.results else f'{n}/{max_new}'}")
+    return " · racing in lockstep: " + ", ".join(parts)
+
+
+def _event_outputs(st: RunState, ev: runner.RunEvent, order: list[str], max_new: int,
+                   race: bool = False) -> tuple:
+    """What changed on the page after ``ev`` (already recorded in ``st``); with ``race``
+    the race figure too (the runs so far, drawn live)."""
+    name = METHOD_NAMES[st.method]
+    watched = st.runs.get(st.method, [])
+    others = _race_status(st, order, max_new) if len(order) > 1 else ""
+    extra = {"race": figures.race_figure(st.runs)} if race else {}
+    if st.method in st.results:
+        status = f"**{name}** done in {len(watched)} steps; the others finish the race…{others}"
+    elif watched:
+        status = (f"**{name}** · step {len(watched)} · {watched[-1].total_tokens} of "
+                  f"{max_new} tokens{others}")
+    else:
+        status = f"**{name}**, starting…{others}"
+    if ev.kind == "step" and ev.live:
+        return _out(status=status, metrics=_metrics(st), tree=figures.tree_figure(ev.step),
+                    text=figures.tokens_html(watched), state=st, **extra)
+    if ev.kind == "done":
+        return _out(status=status, metrics=_metrics(st), state=st, **extra)
+    return _out(status=status, state=st, **extra)
 
 
 def on_press(visitor: Visitor):
@@ -431,13 +490,13 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                 ["auto", "4", "6", "10", "16", "24", "32"], value="auto",
                 allow_custom_value=True, label="Tree budget (drafted tokens per step)",
                 elem_id="tree-budget",
-                info="auto (sized to this machine at start-up; may be off when no tree "
-                     "beats plain decoding), a number, off, or a spec: "
+                info="auto (sized to this machine at start-up; the smallest tree where "
+                     "no tree beats plain decoding here), a number, off, or a spec: "
                      "dynamic:budget=12,branching=4 · small · [[0],[1],[0,0]]")
             compare = gr.Checkbox(
                 value=True, label="Compare with the other methods",
-                info="Runs plain decoding, prompt lookup and the other head type "
-                     "first, one after another, for the speedups and the race.")
+                info="Races plain decoding, prompt lookup and the other head types "
+                     "alongside, one step of each in turn, for the speedups and the race.")
             with gr.Accordion("Model and heads", open=False):
                 model_box = gr.Textbox(
                     "", label="Model: hub id or local folder",

@@ -34,6 +34,9 @@ CORE_HEAD_KINDS = ("medusa", "clover")
 # the methods every model offers to watch (the lookup branch: clover.methods.with_lookup)
 METHODS = ("ar", "lookup", *CORE_HEAD_KINDS)
 DEFAULT_MODEL_KEY = "default"
+# the "auto" tree where the calibration says no tree pays on this machine: the smallest
+# that still shows the method (a visitor who picked a head method came to see a tree)
+SHOW_BUDGET = 1
 
 
 @dataclass
@@ -48,6 +51,8 @@ class LoadedModel:
         sources: per speculative method where its heads came from, e.g.
             "trained, shipped with the app", "loaded from DIR", or "untrained".
         label: how the model is named in the UI.
+        auto_trees: per head kind, the concrete tree "auto" means in the app (never "off").
+        calibrations: per head kind, the ``clover.autotree.Calibration`` behind it.
     """
 
     key: str
@@ -56,6 +61,7 @@ class LoadedModel:
     sources: dict = field(default_factory=dict)
     label: str = ""
     auto_trees: dict = field(default_factory=dict)
+    calibrations: dict = field(default_factory=dict)
     calibrating: threading.Event = field(default_factory=threading.Event, repr=False,
                                          compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -113,17 +119,16 @@ class LoadedModel:
         return tuple(lookup.costs) if lookup is not None and lookup.costs else None
 
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
-        """``tree``, or for an ``auto`` tree the dynamic tree whose budget
-        ``clover.autotree.auto_tree`` picks for this model, method and machine (read from
-        the stored calibration, or measured on first use, seconds on a CPU, then kept).
+        """``tree``, or for an ``auto`` tree the dynamic tree ``clover.autotree.calibrate``
+        picks for this model, head kind and machine (read from the stored calibration, or
+        measured on first use, seconds on a CPU, then kept), never "off": where no tree
+        pays here, the smallest one (:data:`SHOW_BUDGET`), so the method still shows.
         While :meth:`calibrate_in_background` is still measuring, the default budget.
         On ZeroGPU (``spaces``) decoding runs on hardware this process cannot time, so
         the default budget is used there."""
         heads = self.heads.get(method)
         if not tree.auto or heads is None:
             return tree
-        from clover.autotree import resolve_tree
-
         if spaces is not None:
             return replace(tree, auto=False)
         known = self.auto_trees.get(method)
@@ -133,23 +138,36 @@ class LoadedModel:
             return replace(tree, auto=False)
         with self._lock:
             if method not in self.auto_trees:
-                self.auto_trees[method] = resolve_tree(self.target, heads, tree)[0]
+                self._calibrate(method, measure=True)
             return self.auto_trees[method]
+
+    def _calibrate(self, kind: str, measure: bool) -> bool:
+        """Size ``kind``'s auto tree (the stored choice, else measured when ``measure``);
+        False where nothing is stored and ``measure`` is False."""
+        from clover.autotree import calibrate
+
+        cal = calibrate(self.target, self.heads[kind], replace(auto_tree(), auto=False),
+                        measure=measure)
+        if cal is None:
+            return False
+        self.calibrations[kind] = cal
+        self.auto_trees[kind] = (replace(cal.tree, kind="dynamic", budget=SHOW_BUDGET)
+                                 if cal.tree.off else cal.tree)
+        return True
+
+    def plain_step_ms(self) -> float | None:
+        """A plain step's time (ms) on this machine when quiet, from the calibration (the
+        fastest of its repeats), or None where not measured."""
+        times = [c.plain_ms for c in self.calibrations.values() if c.plain_ms]
+        return min(times) if times else None
 
     def calibrate_in_background(self) -> threading.Thread | None:
         """Size the auto trees without holding up start-up: stored sizes are read at once;
         any left are measured in a daemon thread (runs meanwhile use the default budget),
         which then decodes two tokens per method (warm-up). Returns the thread, or None
         when nothing was left to measure."""
-        from clover.autotree import resolve_tree
-
         todo = [m for m in self.head_kinds if self.heads.get(m) is not None
-                and m not in self.auto_trees]
-        for m in list(todo):
-            found = resolve_tree(self.target, self.heads[m], auto_tree(), measure=False)[0]
-            if not found.auto:  # stored
-                self.auto_trees[m] = found
-                todo.remove(m)
+                and m not in self.auto_trees and not self._calibrate(m, measure=False)]
         if not todo or spaces is not None:
             return None
         self.calibrating.set()
@@ -158,7 +176,7 @@ class LoadedModel:
             try:
                 for m in todo:
                     with self._lock:
-                        self.auto_trees[m] = resolve_tree(self.target, self.heads[m], auto_tree())[0]
+                        self._calibrate(m, measure=True)
                 self._sized_lookup()  # the verify cost curve for prompt lookup, before
                 self.calibrating.clear()  # lookup runs stop using the fixed chain
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
@@ -171,6 +189,26 @@ class LoadedModel:
         thread = threading.Thread(target=work, daemon=True, name="clover-auto-tree")
         thread.start()
         return thread
+
+    def tree_note(self) -> str:
+        """One line on the auto trees in use: budgets, and where the measurement says no
+        tree pays on this machine (or was taken while it was busy), the figures."""
+        names = METHOD_LABELS
+        parts, notes = [], []
+        for m, t in sorted(self.auto_trees.items()):
+            parts.append(f"{names[m]} {t.budget} drafted token{'s' if t.budget != 1 else ''}")
+            cal = self.calibrations.get(m)
+            if cal is not None and cal.tree.off:
+                figures = (f" (best expected {cal.expected:.2f}x plain, at {cal.best_budget} "
+                           f"drafted token{'s' if cal.best_budget != 1 else ''})"
+                           if cal.expected and cal.best_budget else "")
+                notes.append(f"for {names[m]} no tree pays on this machine{figures}, so it "
+                             f"drafts the smallest tree to show the method")
+            if cal is not None and cal.busy:
+                notes.append(f"{names[m]}'s was measured while the machine was busy: "
+                             f"it is re-measured at the next start")
+        text = " · **auto tree:** " + ", ".join(parts)
+        return text + (f" ({'; '.join(notes)})" if notes else "")
 
     @property
     def untrained(self) -> list[str]:
@@ -188,9 +226,7 @@ class LoadedModel:
             text += (f" · **auto tree:** being sized for this machine in the background "
                      f"(meanwhile {auto_tree().budget} drafted tokens)")
         elif self.auto_trees:
-            text += " · **auto tree:** " + ", ".join(
-                f"{names[m]} {t.describe() if t.off else f'{t.budget} drafted tokens'}"
-                for m, t in sorted(self.auto_trees.items()))
+            text += self.tree_note()
         if self.untrained:
             which = " and ".join(names[m] for m in self.untrained)
             text += (f"\n\n> ⚠ **Untrained draft heads.** There are no trained {which} heads for "

@@ -1,12 +1,12 @@
-"""Runs of the one engine for the app: each method decoded one after another, never at
-once, so their engine timings compare like with like.
+"""Runs of the one engine for the app: the methods decoded in lockstep, one step of each
+in turn in one loop (never two forwards at once), so a change in the machine's load
+touches every method alike and their engine timings compare like with like.
 
 Data flows prompt -> :class:`clover.Engine` -> :class:`~clover.trace.StepTrace` -> app.
 The settings come from :mod:`app.settings`, the models from :mod:`app.registry`.
 """
 from __future__ import annotations
 
-from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -66,13 +66,13 @@ class RunEvent:
 
 def run_order(method: str, compare: bool, lookup: bool = False,
               methods: Sequence[str] = METHODS) -> list[str]:
-    """Methods to run, one after another: the others of ``methods`` first (baselines;
-    :attr:`LoadedModel.methods` for a model with Clover-2 heads), the watched ``method``
-    last; with ``lookup`` the head methods carry the lookup branch."""
+    """Methods to run: the watched ``method`` first, then the others of ``methods``
+    (baselines; :attr:`LoadedModel.methods` for a model with Clover-2 heads); with
+    ``lookup`` the head methods carry the lookup branch."""
     if not compare:
         return [method]
     family = [with_lookup(m, lookup) for m in methods]
-    return [m for m in family if m != method] + [method]
+    return [method] + [m for m in family if m != method]
 
 
 def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
@@ -86,25 +86,54 @@ def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
     return ids
 
 
-def run_methods(loaded: LoadedModel, settings: Settings,
-                prompt_ids: Sequence[int]) -> Iterator[RunEvent]:
-    """Run the methods one after another (never at once) and report every step.
+def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[int],
+                lockstep: bool | None = None) -> Iterator[RunEvent]:
+    """Run the methods of :func:`run_order` and report every step.
 
-    Closing this generator stops the current run after its current step.
+    In lockstep (the default): every method starts at once, then one step of each in
+    turn, the watched method first in every round, until all are done. The watched
+    method's first step comes after one step of its own (not after every baseline's whole
+    run), and a slow spell of the machine lands on every method alike, so each method's
+    summed step times (its trace's engine time) compare within one shared window. On
+    ZeroGPU (``spaces``), whose GPU calls cannot interleave, the methods run one after
+    another, the watched one first.
+
+    Closing this generator stops every run after its current step.
 
     Raises:
         ValueError: the method needs heads the model lacks (:meth:`LoadedModel.check_method`).
     """
     loaded.check_method(settings.method)
-    for method in run_order(settings.method, settings.compare, settings.lookup, loaded.methods):
-        live = method == settings.method
-        yield RunEvent("start", method, live)
+    order = run_order(settings.method, settings.compare, settings.lookup, loaded.methods)
+    if lockstep is None:
+        lockstep = spaces is None
+    if not lockstep:
+        for method in order:
+            yield from _events([method], loaded, settings, prompt_ids)
+        return
+    yield from _events(order, loaded, settings, prompt_ids)
 
-        run = decode(loaded.key, method, list(prompt_ids), settings.max_new_tokens,
-                     settings.sampling, settings.tree)
-        with closing(run) as steps:  # closing this generator closes the engine's run
-            for item in steps:
+
+def _events(methods: list[str], loaded: LoadedModel, settings: Settings,
+            prompt_ids: Sequence[int]) -> Iterator[RunEvent]:
+    """The runs of ``methods`` advanced one step each in turn, as events."""
+    runs = {m: decode(loaded.key, m, list(prompt_ids), settings.max_new_tokens,
+                      settings.sampling, settings.tree) for m in methods}
+    try:
+        for m in methods:
+            yield RunEvent("start", m, m == settings.method)
+        active = list(methods)
+        while active:
+            for m in list(active):
+                item = next(runs[m], None)
+                live = m == settings.method
                 if isinstance(item, GenerationResult):
-                    yield RunEvent("done", method, live, result=item)
+                    active.remove(m)
+                    yield RunEvent("done", m, live, result=item)
+                elif item is None:  # defensive: decode always ends with its result
+                    active.remove(m)
                 else:
-                    yield RunEvent("step", method, live, step=item)
+                    yield RunEvent("step", m, live, step=item)
+    finally:  # closing this generator closes every engine run
+        for run in runs.values():
+            run.close()

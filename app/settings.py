@@ -83,7 +83,7 @@ class Settings:
         sampling: temperature 0 (greedy) or lossless sampling.
         max_new_tokens: 1..MAX_NEW_TOKENS.
         tree: the candidate tree config (ignored by plain decoding).
-        compare: also run the other methods, one after another, for the speedups.
+        compare: also run the other methods, in lockstep with it, for the speedups.
         model / heads: a hub id or folder, and a heads folder; None = the app's default.
     """
 

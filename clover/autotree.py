@@ -61,11 +61,26 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MIN_GAIN = 1.05
 
 
+# A plain step's median over its fastest repeat above which the machine counts as busy
+# while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.45x
+# (a one-token forward after larger ones); with two CPU-bound processes beside it, 1.5-2.3x.
+BUSY_SPREAD = 1.5
+
+
 @dataclass
 class AutoTreeReport:
-    """What ``auto_tree`` measured, per budget N: tau, draft and verify ms, and the
-    nodes the timed tree really had (at most N; fewer when the heads' top-p and
-    ``min_ratio`` cuts leave fewer candidates); ``plain_ms`` is one plain step."""
+    """What ``auto_tree`` measured, per budget N: tau, draft and verify ms (each call's
+    fastest repeat), and the nodes the timed tree really had (at most N; fewer when the
+    heads' top-p and ``min_ratio`` cuts leave fewer candidates); ``plain_ms`` is one plain
+    step (its fastest repeat).
+
+    Attributes:
+        chosen: the budget picked, 0 for "off".
+        expected: the best budget's expected speedup over plain decoding (x).
+        best_budget: the budget with the best expected speed, even when below MIN_GAIN.
+        spread: a plain step's median over its fastest repeat while timing (1.0 = steady);
+            above :data:`BUSY_SPREAD` the machine was busy and the choice is not stored.
+    """
 
     budgets: list[int]
     tau: list[float]
@@ -74,6 +89,14 @@ class AutoTreeReport:
     plain_ms: float
     chosen: int
     nodes: list[int] = None
+    expected: float = 0.0
+    best_budget: int = 0
+    spread: float = 1.0
+
+    @property
+    def busy(self) -> bool:
+        """Whether the machine was busy while timing (``spread`` > :data:`BUSY_SPREAD`)."""
+        return self.spread > BUSY_SPREAD
 
 
 def greedy_accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
@@ -91,9 +114,9 @@ def budget_subtree(tree: Tree, budget: int) -> set[int]:
     return {0, *best_by_joint(tree.joint_probs(), tree.depths, budget)}
 
 
-def medians_ms(fns, repeats: int) -> list[float]:
-    """Median wall time in ms of each of ``fns`` over ``repeats`` calls, after one warm-up
-    call of each (CUDA synchronised after each call when a GPU is present).
+def interleaved_ms(fns, repeats: int) -> list[list[float]]:
+    """Wall times in ms of ``repeats`` calls of each of ``fns``, after one warm-up call of
+    each (CUDA synchronised after each call when a GPU is present): one list per function.
 
     The calls are interleaved (round-robin: f1 f2 ... f1 f2 ...) rather than timed one
     function after another, so that a slow spell of the machine (another process, the
@@ -109,8 +132,14 @@ def medians_ms(fns, repeats: int) -> list[float]:
             fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            times[i].append(time.perf_counter() - t)
-    return [statistics.median(x) * 1e3 for x in times]
+            times[i].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def medians_ms(fns, repeats: int) -> list[float]:
+    """Median wall time in ms of each of ``fns`` over ``repeats`` interleaved calls
+    (:func:`interleaved_ms`)."""
+    return [statistics.median(x) for x in interleaved_ms(fns, repeats)]
 
 
 def pool_size(tree: TreeConfig, depth: int) -> int:
@@ -208,7 +237,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     "off", ``report.chosen`` 0) when none is expected to beat plain decoding by at
     least :data:`MIN_GAIN` (EAGLE-2's dynamic tree, arXiv 2406.16858, sized by measured
     cost: the plain step and every budget's drafting and verification are timed
-    interleaved, :func:`medians_ms`).
+    interleaved, :func:`interleaved_ms`, and each compared at its fastest repeat).
 
     With ``batch_size`` B the costs are those of a batched step (``clover.engine``): B
     rows drafted together and one forward verifying B trees, whose cost grows with
@@ -288,16 +317,26 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             drafts.append(draft)
             verifies.append(verify(tree))
         # the plain step first, then every budget's drafting and verification, interleaved
-        ms = medians_ms([verify(root_only(root, target.device))] + drafts + verifies, repeats)
-        plain_ms, draft_ms, verify_ms = ms[0], ms[1: 1 + len(budgets)], ms[1 + len(budgets):]
+        times = interleaved_ms([verify(root_only(root, target.device))] + drafts + verifies, repeats)
+    # each call's quiet floor (its fastest repeat) decides: load only ever adds time, so
+    # the floors are the nearest to the idle machine's costs
+    floors = [min(t) for t in times]
+    plain_ms, draft_ms, verify_ms = floors[0], floors[1: 1 + len(budgets)], floors[1 + len(budgets):]
+    spread = statistics.median(times[0]) / plain_ms if plain_ms > 0 else 1.0
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
-    if speed[best] * plain_ms < MIN_GAIN:  # no tree clearly pays for itself: do not draft
-        report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, 0, nodes)
+    chosen = budgets[best] if speed[best] * plain_ms >= MIN_GAIN else 0
+    report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, chosen, nodes,
+                            expected=speed[best] * plain_ms, best_budget=budgets[best],
+                            spread=spread)
+    if report.busy:
+        log.warning("auto tree: the machine was busy while timing (a plain step's median %.1f ms "
+                    "is %.2fx its fastest, %.1f ms); the choice holds for this run only",
+                    statistics.median(times[0]), spread, plain_ms)
+    if not chosen:  # no tree clearly pays for itself: do not draft
         log.info("auto tree: off (best expected speedup %.3f at budget %d; plain %.1f ms/token)",
-                 speed[best] * plain_ms, budgets[best], plain_ms)
+                 report.expected, budgets[best], plain_ms)
         return replace(base, kind="off", auto=False), report
-    report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, budgets[best], nodes)
     log.info("auto tree: budget %d (tau %.2f, %.1f + %.1f ms/step; plain %.1f ms/token)",
              budgets[best], tau[best], draft_ms[best], verify_ms[best], plain_ms)
     return replace(base, kind="dynamic", budget=budgets[best]), report
@@ -340,52 +379,112 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))
 
 
-def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
-                     measure: bool = True, recalibrate: bool = False,
-                     batch_size: int = 1) -> TreeConfig | None:
+@dataclass
+class Calibration:
+    """The auto tree of one target, heads and batch size on this machine, with the
+    figures behind it (:func:`calibrate`).
+
+    Attributes:
+        tree: the concrete tree: dynamic with the chosen budget, or kind "off".
+        plain_ms: a plain step's time while calibrating (its fastest repeat), ms; None
+            for a choice stored by an older version without figures.
+        expected: the best budget's expected speedup over plain decoding (x), or None.
+        best_budget: the budget with the best expected speed (also when ``tree`` is off).
+        busy: the machine was busy while timing (:attr:`AutoTreeReport.busy`): the choice
+            holds for this process only and was not stored.
+        stored: read from the store rather than measured now.
+        date: when it was measured (UTC, ISO 8601), or None.
+    """
+
+    tree: TreeConfig
+    plain_ms: float | None = None
+    expected: float | None = None
+    best_budget: int | None = None
+    busy: bool = False
+    stored: bool = False
+    date: str | None = None
+
+    @classmethod
+    def from_record(cls, base: TreeConfig, record) -> "Calibration | None":
+        """A stored record (a dict, or an int budget from older versions; 0 = off)."""
+        if isinstance(record, int) and not isinstance(record, bool):
+            record = {"budget": record}
+        if not isinstance(record, dict) or not isinstance(record.get("budget"), int):
+            return None
+        budget = record["budget"]
+        tree = (replace(base, kind="off", auto=False) if budget == 0
+                else replace(base, kind="dynamic", budget=budget, auto=False))
+        return cls(tree, record.get("plain_ms"), record.get("expected"), record.get("best_budget"),
+                   stored=True, date=record.get("date"))
+
+
+def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure: bool = True,
+              recalibrate: bool = False, batch_size: int = 1) -> Calibration | None:
     """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI: the
-    stored budget where one was measured under the same :func:`calibration_key`, else
-    measured now (``measure``) and stored, else None.
+    stored choice where one was measured under the same :func:`calibration_key`, else
+    measured now (``measure``), else None.
+
+    A measurement taken while the machine was busy (:attr:`AutoTreeReport.busy`) is used
+    but not stored, so the next start measures again; a quiet one is stored with its
+    figures (budget, plain step ms, expected speedup, date).
 
     Args:
-        path: the JSON file (default ``~/.cache/clover-studio/autotree.json``, or
-            ``$CLOVER_CACHE_DIR/autotree.json``).
-        recalibrate: measure again (and store) even where a budget is stored.
+        heads: the method's draft heads (must not be None).
+        base: the dynamic TreeConfig whose budget is tuned (default TreeConfig()).
+        path: the JSON file (default ``$CLOVER_CACHE_DIR/autotree.json``, i.e.
+            ``~/.cache/clover-studio/autotree.json``).
+        recalibrate: measure again (and store) even where a choice is stored.
         batch_size: the batch size the tree is for (:func:`auto_tree`).
     """
+    import datetime
     import json
     import os
     from pathlib import Path
 
     from clover.models import cache_root
 
-    base = base or TreeConfig()
-    if heads is None:
-        return base
+    base = replace(base or TreeConfig(), auto=False)
     path = Path(path or cache_root() / "autotree.json")
     key = calibration_key(target, heads, base, batch_size)
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = {}
-    if isinstance(stored.get(key), int) and not recalibrate:  # 0 = off
-        if stored[key] == 0:
-            return replace(base, kind="off", auto=False)
-        return replace(base, kind="dynamic", budget=stored[key], auto=False)
+    found = Calibration.from_record(base, stored.get(key)) if isinstance(stored, dict) else None
+    if found is not None and not recalibrate:
+        return found
     if not measure:
         return None
-    tree, report = auto_tree(target, heads, replace(base, auto=False), batch_size=batch_size)
-    if report.budgets:  # a real measurement (not the too-short-context fallback)
+    tree, report = auto_tree(target, heads, base, batch_size=batch_size)
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    cal = Calibration(tree, report.plain_ms or None, report.expected or None,
+                      report.best_budget or None, report.busy, date=date)
+    if report.budgets and not report.busy:  # a real, quiet measurement
         try:
             stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-            stored[key] = 0 if tree.off else tree.budget
+            stored[key] = {"budget": 0 if tree.off else tree.budget,
+                           "plain_ms": round(report.plain_ms, 3),
+                           "expected": round(report.expected, 4),
+                           "best_budget": report.best_budget,
+                           "spread": round(report.spread, 3), "date": date}
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
             tmp.replace(path)
         except (OSError, ValueError):
             log.warning("could not store the auto tree in %s", path, exc_info=True)
-    return tree
+    return cal
+
+
+def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
+                     measure: bool = True, recalibrate: bool = False,
+                     batch_size: int = 1) -> TreeConfig | None:
+    """The tree of :func:`calibrate` (``base`` itself for no heads), or None where nothing
+    is stored and ``measure`` is False."""
+    if heads is None:
+        return base or TreeConfig()
+    cal = calibrate(target, heads, base, path, measure, recalibrate, batch_size)
+    return None if cal is None else cal.tree
 
 
 def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, path=None,

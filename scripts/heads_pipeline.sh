@@ -19,6 +19,10 @@
 # point under one long cosine, saving the heads of every evaluation (--keep-evals) so the
 # curve's points come from one run; scripts/heads_eval.py then scores each on all of
 # Spec-Bench. Medusa gets exactly Clover's steps, batches and positions.
+#
+# Training runs in bf16 autocast: on this CPU (AVX-512 BF16) scripts/train_precision.py
+# measured a step 1.27x faster than fp32 at equal held-out acceptance after 120 steps
+# (chain tau 1.321 vs 1.319, head-1 top-1 24.6% vs 24.5%; 2026-12-02).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
@@ -32,7 +36,7 @@ while pgrep -f "bash [^ ]*data_pipeline\.sh" >/dev/null; do sleep 30; done  # th
 DATA=data/selfdistill-v2,data/selfdistill-v2-magpie
 COMMON=(--data "$DATA" --hidden-cache "$CACHE/hidden-v3.safetensors" --decay 0.8
         --eval-conversations 48 --threads "$THREADS" --positions 0 --keep-evals
-        --eval-every 425 --save-every 50 --warmup 100)
+        --eval-every 425 --save-every 50 --warmup 100 --mixed-precision bf16)
 
 run() {  # name, then clover train options
   local name=$1; shift

@@ -34,7 +34,9 @@ def test_accepted_length_counts_matches_plus_bonus():
     assert greedy_accepted_length(tree, {0, 1}, [7]) == 1
 
 
-def test_auto_tree_on_a_tiny_model(tmp_path):
+def test_auto_tree_on_a_tiny_model(tmp_path, monkeypatch):
+    import clover.autotree as at
+
     target = tiny_target("llama")
     target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
     heads = perturb(new_heads("clover", target), 0.1)
@@ -57,6 +59,7 @@ def test_auto_tree_on_a_tiny_model(tmp_path):
     with pytest.raises(ValueError, match="resolve_tree"):
         Engine(target, heads, parse_tree_spec("auto"))
     store = tmp_path / "autotree.json"
+    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store)
     assert not tree.auto and store.is_file()
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0] == tree
@@ -72,10 +75,10 @@ def test_time_forward_times_each_size():
 
 
 def _scripted_time(plain_ms, other_ms):
-    """A stand-in for autotree.medians_ms: the first function (the plain step) costs
+    """A stand-in for autotree.interleaved_ms: the first function (the plain step) costs
     ``plain_ms``, every later one (drafting, verification) ``other_ms``."""
     def fake(fns, repeats):
-        return [plain_ms] + [other_ms] * (len(fns) - 1)
+        return [[plain_ms] * repeats] + [[other_ms] * repeats] * (len(fns) - 1)
     return fake
 
 
@@ -86,7 +89,7 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
 
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
-    monkeypatch.setattr(at, "medians_ms", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
+    monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 100.0))  # every tree costs 20x plain
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.off and report.chosen == 0 and "speculation off" in tree.describe()
     out = Engine(target, heads, tree).generate([5, 6, 7], 12)
@@ -94,14 +97,14 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     assert all(len(s.nodes) == 1 for s in out.steps)  # nothing drafted
     # stored as "off" and read back as off
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
-    monkeypatch.setattr(at, "medians_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
+    monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
     assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
     assert parse_tree_spec("off").off and parse_tree_spec("off").describe().startswith("speculation off")
 
 
-def test_auto_tree_per_batch_size(tmp_path):
+def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
     """The tree is sized for a batch: a batched step's costs (rows drafted together, one
     forward over B trees), stored under its own key; batch size 1 keeps the old key."""
     import clover.autotree as at
@@ -116,9 +119,42 @@ def test_auto_tree_per_batch_size(tmp_path):
     assert at.calibration_key(target, heads, base) == at.calibration_key(target, heads, base, 1)
     assert at.calibration_key(target, heads, base, 4).endswith("|batch=4")
     store = tmp_path / "autotree.json"
+    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store, batch_size=4)
     assert not tree.auto
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False,
                         batch_size=4)[0] == tree
     # batch size 1 was not measured: nothing stored for it
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0].auto
+
+
+def test_a_busy_calibration_is_used_but_not_stored(monkeypatch, tmp_path):
+    """Timings whose repeats spread far above their quiet floor (another process took the
+    CPU) decide this run's tree but are not stored as the machine's truth; a steady
+    measurement is stored with its figures; a budget stored by older versions (a bare
+    int) still reads."""
+    import json
+
+    import clover.autotree as at
+
+    target = tiny_target("llama", vocab_size=64)
+    heads = new_heads("clover", target, num_heads=2)
+    store = tmp_path / "autotree.json"
+
+    def busy(fns, repeats):  # the plain step's repeats: 10 ms at best, 30 ms typically
+        return [[10.0] + [30.0] * (repeats - 1)] + [[0.01] * repeats] * (len(fns) - 1)
+    monkeypatch.setattr(at, "interleaved_ms", busy)
+    cal = at.calibrate(target, heads, path=store)
+    assert cal.busy and not cal.stored and cal.tree.kind == "dynamic" and cal.plain_ms == 10.0
+    assert not store.exists() and at.calibrate(target, heads, path=store, measure=False) is None
+    monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))  # steady
+    cal = at.calibrate(target, heads, path=store)
+    assert not cal.busy and cal.expected > 1
+    again = at.calibrate(target, heads, path=store, measure=False)
+    assert again.stored and again.tree == cal.tree and again.plain_ms == 10.0 and again.date
+    record = json.loads(store.read_text())
+    key = at.calibration_key(target, heads, TreeConfig())
+    assert record[key]["budget"] == cal.tree.budget and record[key]["spread"] == 1.0
+    store.write_text(json.dumps({key: 0}))  # an older version's bare budget: "off"
+    old = at.calibrate(target, heads, path=store, measure=False)
+    assert old.tree.off and old.stored and old.plain_ms is None

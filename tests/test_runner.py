@@ -1,6 +1,6 @@
 """app.settings, app.registry and app.runner: settings validation, trees, chat
 transcripts, heads lookup, runs advanced from any thread, and runs of several methods
-one after another (tiny models)."""
+in lockstep (tiny models)."""
 from __future__ import annotations
 
 import os
@@ -31,7 +31,8 @@ def own_auto_tree_store(tmp_path, monkeypatch):
     import clover.autotree
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(clover.autotree, "medians_ms", lambda fns, repeats: [10.0] + [0.01] * (len(fns) - 1))
+    monkeypatch.setattr(clover.autotree, "interleaved_ms",
+                        lambda fns, repeats: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
 
 
 def test_tree_config_choices():
@@ -162,7 +163,7 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
     ref = Engine(target).generate(prompt, 10)
     events = list(runner.run_methods(loaded, settings, prompt))
     assert [(e.method, e.live) for e in events if e.kind == "start"] == [
-        ("ar", False), ("lookup", False), ("medusa", False), ("clover", False), ("clover2", True)]
+        ("clover2", True), ("ar", False), ("lookup", False), ("medusa", False), ("clover", False)]
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values()) and len(done) == 5
     hybrid = app_settings.parse_settings("t5 t6 t7", "clover2+lookup", 0, 10, "4", compare=False)
@@ -179,6 +180,30 @@ def test_model_notice_says_untrained():
     given = registry.register_model("test-given", target, heads={"medusa": None, "clover": None},
                                   warm_up=False)
     assert given.untrained == [] and "Untrained" not in given.notice()
+
+
+def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
+    """Where the calibration finds that no tree pays on this machine (here every tree
+    costs 20x a plain step), "auto" in the app still drafts the smallest tree, and the
+    banner says why, with the figures; the calibration itself stays "off" (CLI, bench)."""
+    import clover.autotree
+
+    monkeypatch.setattr(clover.autotree, "interleaved_ms",
+                        lambda fns, repeats: [[10.0] * repeats] + [[100.0] * repeats] * (len(fns) - 1))
+    target = tiny_target("llama", vocab_size=64)
+    loaded = registry.register_model("test-never-off", target, warm_up=True)
+    try:
+        for kind in ("medusa", "clover"):
+            assert loaded.calibrations[kind].tree.off
+            tree = loaded.tree_for(kind, app_settings.auto_tree())
+            assert tree.kind == "dynamic" and tree.budget == registry.SHOW_BUDGET
+            out = Engine(target, loaded.heads[kind], tree).generate([5, 6, 7], 8)
+            assert all(len(s.nodes) == 1 + registry.SHOW_BUDGET for s in out.steps[:-1])
+        notice = loaded.notice()
+        assert "no tree pays on this machine (best expected" in notice
+        assert "drafts the smallest tree to show the method" in notice
+    finally:
+        registry.forget_model("test-never-off")
 
 
 def test_auto_tree_is_measured_once_per_method(monkeypatch):
@@ -202,7 +227,10 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
     registry.forget_model("test-auto")
 
 
-def test_run_methods_one_after_another():
+def test_run_methods_in_lockstep():
+    """The watched method starts first and every round takes one step of each method in
+    turn (watched first), so the watched tree is drawn after one step, not after every
+    baseline's run; on ZeroGPU (lockstep=False) the methods run one after another."""
     target = tiny_target("llama", vocab_size=64)
     settings = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "auto")
     loaded = registry.register_model("test-runs", target, warm_up=True)
@@ -212,12 +240,21 @@ def test_run_methods_one_after_another():
                                                                   target.vocab_size))
     events = list(runner.run_methods(loaded, settings, prompt))
     starts = [(e.method, e.live) for e in events if e.kind == "start"]
-    assert starts == [("ar", False), ("lookup", False), ("medusa", False), ("clover", True)]
-    # each run finishes before the next starts
+    assert starts == [("clover", True), ("ar", False), ("lookup", False), ("medusa", False)]
     kinds = [(e.kind, e.method) for e in events]
-    assert kinds.index(("done", "ar")) < kinds.index(("start", "lookup"))
-    assert kinds.index(("done", "lookup")) < kinds.index(("start", "medusa"))
-    assert kinds.index(("done", "medusa")) < kinds.index(("start", "clover"))
+    # the first step of the run is the watched method's, and its first round takes one
+    # step of every method before any takes a second
+    first_round = [m for k, m in kinds if k == "step"][:4]
+    assert first_round == ["clover", "ar", "lookup", "medusa"]
+    # the oracle-drafted Clover finishes while plain decoding is still running
+    assert kinds.index(("done", "clover")) < kinds.index(("done", "ar"))
+    steps = {m: sum(1 for k, mm in kinds if k == "step" and mm == m) for m in ("clover", "ar")}
+    assert steps["ar"] == 12 and steps["clover"] < 12
+    sequential = list(runner.run_methods(loaded, settings, prompt, lockstep=False))
+    seq_kinds = [(e.kind, e.method) for e in sequential]
+    assert seq_kinds.index(("done", "clover")) < seq_kinds.index(("start", "ar"))
+    assert ({e.method: e.result.token_ids for e in sequential if e.kind == "done"}
+            == {e.method: e.result.token_ids for e in events if e.kind == "done"})
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values())
     assert done["clover"].mean_accepted_length > 1.5
@@ -227,8 +264,8 @@ def test_run_methods_one_after_another():
     hybrid = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "auto", lookup=True)
     assert hybrid.method == "clover+lookup"
     events = list(runner.run_methods(loaded, hybrid, prompt))
-    assert [e.method for e in events if e.kind == "start"] == ["ar", "lookup", "medusa+lookup",
-                                                               "clover+lookup"]
+    assert [e.method for e in events if e.kind == "start"] == ["clover+lookup", "ar", "lookup",
+                                                               "medusa+lookup"]
     done = {e.method: e.result for e in events if e.kind == "done"}
     assert all(r.token_ids == ref.token_ids for r in done.values())
     assert app_settings.parse_settings("t5", "ar", 0, 3, "auto", lookup=True).method == "ar"

@@ -129,8 +129,8 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
         assert [v for _, v in _method_radio(plain_demo).choices] == ["clover", "medusa", "lookup", "ar"]
         on_run = next(f.fn for f in demo.fns.values() if f.fn is not None and f.fn.__name__ == "on_run")
         outputs = list(on_run("t5 t6 t7", "clover2", 0, 8, "4", True, "", "", 0, False, Visitor()))
-        assert "Done" in outputs[-1][0] and "Run 5 of 5" in " ".join(o[0] for o in outputs
-                                                                   if isinstance(o[0], str))
+        assert "Done" in outputs[-1][0] and "racing in lockstep: Clover-2" in " ".join(
+            o[0] for o in outputs if isinstance(o[0], str))
         st = outputs[-1][-1]
         assert st.results["clover2"].token_ids == st.results["ar"].token_ids
         race = outputs[-1][10]
@@ -139,3 +139,31 @@ def test_clover2_is_offered_only_with_its_heads(handlers, tmp_path):
     finally:
         for key in set(registry.model_keys()) - before:
             registry.forget_model(key)
+
+
+def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
+    """Plain steps far slower than the quiet plain step the calibration measured: the
+    metrics say the machine was busy and the ratios less certain; at about the quiet
+    time they say nothing."""
+    from dataclasses import replace
+
+    import clover.autotree
+    from app import decode_tab
+    from clover import Engine
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(clover.autotree, "interleaved_ms",  # a quiet plain step: 10 ms
+                        lambda fns, repeats: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
+    target = tiny_target("llama", vocab_size=64)
+    loaded = registry.register_model("test-busy", target, warm_up=True)
+    try:
+        assert loaded.plain_step_ms() == 10.0
+        steps = Engine(target).generate([5, 6, 7], 6).steps
+        st = decode_tab.RunState("clover", model_key="test-busy")
+        st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=40.0) for s in steps]
+        assert "machine was busy" in decode_tab.busy_note(st) and "40 ms here, 10 ms" in decode_tab.busy_note(st)
+        assert "machine was busy" in decode_tab._metrics(st)
+        st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=12.0) for s in steps]
+        assert decode_tab.busy_note(st) == "" and "machine was busy" not in decode_tab._metrics(st)
+    finally:
+        registry.forget_model("test-busy")

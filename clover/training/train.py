@@ -67,7 +67,8 @@ class TrainConfig:
         eval_conversations: held-out conversations per evaluation.
         heldout_percent: share of question ids (by hash) kept for evaluation.
         seed: seeds sampling of batches and positions and head initialisation.
-        mixed_precision: accelerate's "no", "bf16" or "fp16" (GPU only).
+        mixed_precision: accelerate's "no", "bf16" or "fp16" ("bf16" also on a CPU with
+            AVX-512 BF16, where scripts/train_precision.py measures it; "fp16" GPU only).
         draft_vocab: V', draft only among the V' tokens most frequent in the training
             answers (0 = the whole vocabulary); see ``HeadConfig.draft_vocab_size``.
         max_conversations: use only the first N conversations of the data folder, in
