@@ -1,11 +1,16 @@
 """Benchmark: plain, Medusa and Clover decoding side by side, in one process.
 
-Every method runs on the same prompts, interleaved per prompt (A B C A B C), after a
-warm-up, at batch size 1, through the same engine. Speedup is per prompt and repeat
-(:func:`clover.trace.speedup`, the definition the app shows live: for the same text,
-the method's tokens/s over plain's on that prompt in that repeat), then averaged
-(Spec-Bench's protocol, arXiv 2401.07851 §4). Multi-turn prompts are answered turn by
-turn, each method continuing its own conversation.
+Every method runs on the same prompts, after a warm-up, at batch size 1, through the same
+engine, and the methods run in lockstep on each prompt (:func:`lockstep`: one decode step
+of each in turn, as the app races them), so a slow spell of the machine lands on every
+method alike. Each prompt's speedup is :func:`clover.trace.speedup` (the definition the
+app shows live: for the same text, the method's tokens/s over plain's on that prompt in
+that repeat); the headline speedup of a category is a ratio of totals (all its prompts'
+tokens over all their decode time, over plain's), which one disturbed prompt cannot
+dominate, with the per-prompt geometric mean and 10th-90th percentiles as its spread.
+``results["load"]`` says whether the machine was busy (plain decoding's step times far
+above their quiet floor). Multi-turn prompts are answered turn by turn, each method
+continuing its own conversation (Spec-Bench's protocol, arXiv 2401.07851 §4).
 
 A batch-size sweep (``BenchConfig.batch_sizes``, ``clover bench --batch-size 1,2,4,8``;
 the Clover paper's Table 1, arXiv 2405.00263) decodes the prompts' first turns in
@@ -35,7 +40,7 @@ from clover.acceptance import SamplingConfig
 from clover.engine import Engine
 from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.training.prompts import interleave_categories, read_prompts
-from clover.trace import GenerationResult, acceptance_rates, speedup
+from clover.trace import GenerationResult, acceptance_rates, engine_ms, speedup
 
 log = logging.getLogger(__name__)
 
@@ -309,17 +314,46 @@ def machine_info(target) -> dict:
     return info
 
 
-def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int,
-                      encode) -> list[GenerationResult]:
+def _conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int, encode):
+    """One method's conversation over ``turns``, as a generator that pauses after every
+    decode step (after every turn for a reference without ``stream``), so that several
+    methods can advance in lockstep (:func:`lockstep`); returns the per-turn results."""
     messages, results = [], []
     for turn in turns:
         messages.append({"role": "user", "content": turn})
         ids = encode(target.tokenizer, messages)
         sampling = SamplingConfig(temperature=cfg.temperature, seed=seed)
-        res = engine.generate(ids, cfg.max_new_tokens, sampling)
+        if hasattr(engine, "stream"):
+            run = engine.stream(ids, cfg.max_new_tokens, sampling)
+            for _ in run:
+                yield
+            res = run.result
+        else:  # a transformers reference: one turn at a time
+            res = engine.generate(ids, cfg.max_new_tokens, sampling)
+            yield
         results.append(res)
         messages.append({"role": "assistant", "content": res.text})
     return results
+
+
+def lockstep(runs: dict) -> dict:
+    """Advance the generators ``runs`` (name -> generator) one step each in turn, in
+    their order, until all are done; returns name -> each one's return value. The app
+    races its methods the same way: a slow spell of the machine lands on all of them."""
+    out, active = {}, list(runs)
+    while active:
+        for name in list(active):
+            try:
+                next(runs[name])
+            except StopIteration as stop:
+                out[name] = stop.value
+                active.remove(name)
+    return out
+
+
+def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int,
+                      encode) -> list[GenerationResult]:
+    return lockstep({"one": _conversation(engine, target, turns, cfg, seed, encode)})["one"]
 
 
 def mark_speedups(group: list[RunRecord], steps: list[list]) -> None:
@@ -388,16 +422,20 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 temperature=cfg.temperature), cfg.seed, encode_prompt)
 
     records: list[RunRecord] = []
+    plain_step_ms: list[float] = []
     bar = tqdm(total=len(prompts) * cfg.repeats * len(cfg.methods), desc="bench", unit="run",
                disable=not progress)
     for r in range(cfg.repeats):
         for i, p in enumerate(prompts):
             group: list[RunRecord] = []
             group_steps: list[list] = []
-            for m in cfg.methods:  # interleaved: A B C per prompt
-                bar.set_postfix(prompt=str(p["question_id"]), method=m)
-                seed = cfg.seed * 1_000_003 + r * 10_007 + i
-                results = _run_conversation(engines[m], target, p["turns"], cfg, seed, encode_prompt)
+            bar.set_postfix(prompt=str(p["question_id"]))
+            seed = cfg.seed * 1_000_003 + r * 10_007 + i
+            # the methods in lockstep on this prompt: one step of each in turn
+            answers = lockstep({m: _conversation(engines[m], target, p["turns"], cfg, seed, encode_prompt)
+                                for m in cfg.methods})
+            for m in cfg.methods:
+                results = answers[m]
                 new = sum(len(x.token_ids) for x in results)
                 wall = sum(x.decode_s for x in results)
                 steps = sum(len(x.steps) for x in results)
@@ -421,6 +459,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                 group.append(rec)
                 group_steps.append(all_steps)
                 records.append(rec)
+                if m == "ar":
+                    plain_step_ms += [engine_ms(s) for s in all_steps]
                 bar.update(1)
             mark_matches_plain(group, cfg.temperature)
             mark_speedups(group, group_steps)
@@ -430,6 +470,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
 
     results = {"meta": _meta(target, prompts, prompts_path, cfg, extra_meta, "prompt"),
                "mismatches": mismatches,
+               "load": load_report(plain_step_ms),
                "summary": summarize(records, cfg),
                "runs": [asdict(x) for x in records]}
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -533,19 +574,59 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
     return results
 
 
+BUSY_FACTOR = 1.5  # plain steps' median over their quiet floor above which the run was busy
+
+
+def load_report(plain_step_ms: list[float]) -> dict | None:
+    """How loaded the machine was during a run, from plain decoding's step times (ms):
+    their median, their quiet floor (the 5th percentile) and ``busy`` when the median is
+    over :data:`BUSY_FACTOR` times the floor. None for fewer than 20 steps."""
+    if len(plain_step_ms) < 20:
+        return None
+    floor = statistics.quantiles(plain_step_ms, n=20)[0]
+    median = statistics.median(plain_step_ms)
+    return {"plain_step_ms_median": round(median, 3), "plain_step_ms_p05": round(floor, 3),
+            "busy": median > BUSY_FACTOR * floor}
+
+
+def _ratios(rows: list[RunRecord], plain: dict) -> tuple[list[float], list[float]]:
+    """Per repeat the ratio of totals (the method's tokens over its decode time, summed
+    over the prompts, over plain decoding's on the same prompts), and every prompt's own
+    speedup (:func:`clover.trace.speedup`, in ``x.speedup``)."""
+    by_repeat: dict[int, list[tuple[RunRecord, RunRecord]]] = {}
+    for x in rows:
+        base = plain.get((x.question_id, x.repeat))
+        if base is not None:
+            by_repeat.setdefault(x.repeat, []).append((x, base))
+    totals = []
+    for pairs in by_repeat.values():
+        wall, base_wall = sum(x.wall_s for x, _ in pairs), sum(b.wall_s for _, b in pairs)
+        tokens, base_tokens = sum(x.new_tokens for x, _ in pairs), sum(b.new_tokens for _, b in pairs)
+        if wall > 0 and base_wall > 0 and tokens and base_tokens:
+            totals.append((tokens / wall) / (base_tokens / base_wall))
+    return totals, [x.speedup for x in rows if x.speedup is not None and x.speedup > 0]
+
+
 def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
-    """Per category (and "all") and method: mean tokens/s, accepted length, draft and
-    verify ms, speedup over plain (each record's :func:`clover.trace.speedup`, averaged
-    over prompts per repeat) with min-max over repeats."""
+    """Per category (and "all") and method: tokens/s (all tokens over all decode time),
+    accepted length, mean draft and verify ms, and the speedup over plain decoding.
+
+    ``speedup`` is a ratio of totals: the method's tokens/s over plain's on the same
+    prompts (or batches), all of them summed, so one disturbed prompt cannot dominate it;
+    averaged over repeats, with ``speedup_min``/``speedup_max`` over repeats. Beside it
+    the per-prompt speedups' geometric mean and 10th-90th percentiles show the spread."""
     cats = sorted({x.category for x in records}) + ["all"]
     out: dict = {}
     for c in cats:
         out[c] = {}
+        plain = {(x.question_id, x.repeat): x for x in records
+                 if x.method == "ar" and (c == "all" or x.category == c)}
         for m in cfg.methods:
             rows = [x for x in records if x.method == m and (c == "all" or x.category == c)]
             if not rows:
                 continue
-            entry = {"tokens_per_second": statistics.fmean(x.tokens_per_second for x in rows),
+            wall = sum(x.wall_s for x in rows)
+            entry = {"tokens_per_second": sum(x.new_tokens for x in rows) / wall if wall > 0 else 0.0,
                      "mean_accepted_length": sum(x.new_tokens for x in rows) / max(1, sum(x.steps for x in rows)),
                      "draft_ms": statistics.fmean(x.draft_ms for x in rows),
                      "verify_ms": statistics.fmean(x.verify_ms for x in rows),
@@ -558,14 +639,17 @@ def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
                 entry["acceptance_per_depth"] = [
                     statistics.fmean(x.acceptance_per_depth[d] for x in rows if len(x.acceptance_per_depth) > d)
                     for d in range(depth)]
-            ratios_by_repeat: dict[int, list[float]] = {}
-            for x in rows:
-                if x.speedup is not None:
-                    ratios_by_repeat.setdefault(x.repeat, []).append(x.speedup)
-            if ratios_by_repeat:
-                per_repeat = [statistics.fmean(v) for v in ratios_by_repeat.values()]
-                entry["speedup"] = statistics.fmean(per_repeat)
-                entry["speedup_min"], entry["speedup_max"] = min(per_repeat), max(per_repeat)
+            totals, per_prompt = _ratios(rows, plain)
+            if totals:
+                entry["speedup"] = statistics.fmean(totals)
+                entry["speedup_min"], entry["speedup_max"] = min(totals), max(totals)
+            if per_prompt:
+                entry["speedup_geomean"] = statistics.geometric_mean(per_prompt)
+                if len(per_prompt) >= 2:
+                    deciles = statistics.quantiles(per_prompt, n=10)
+                    entry["speedup_p10"], entry["speedup_p90"] = deciles[0], deciles[-1]
+                else:
+                    entry["speedup_p10"] = entry["speedup_p90"] = per_prompt[0]
             if cfg.temperature == 0 and m != "ar":
                 flags = [x.matches_plain for x in rows if x.matches_plain is not None]
                 entry["all_match_plain"] = all(flags) if flags else None
@@ -589,16 +673,28 @@ def markdown_tables(results: dict) -> str:
                   + "; ".join(results["mismatches"]), ""]
     if "batch_summary" in results:
         return "\n".join(lines + batch_table(results["batch_summary"]))
+    load = results.get("load")
+    if load:
+        lines += [f"Plain decoding's steps: median {load['plain_step_ms_median']:.1f} ms, quiet floor "
+                  f"(5th percentile) {load['plain_step_ms_p05']:.1f} ms"
+                  + (" — **the machine was busy during this run: the ratios are less certain**."
+                     if load["busy"] else "."), ""]
+    lines += ["Speedup: the method's tokens/s over plain decoding's, all prompts summed (min-max "
+              "over repeats); per prompt: the geometric mean of each prompt's speedup and its "
+              "10th-90th percentiles. The methods ran in lockstep, one step of each in turn.", ""]
     for cat, methods in results["summary"].items():
         lines += [f"## {cat}", "", "| method | tokens/s | tokens/step | draft ms/step | verify ms/step "
-                  "| speedup vs plain (min-max) | same text as plain | drafts from lookup |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| speedup vs plain (min-max) | per prompt: geo-mean (p10-p90) | same text as plain "
+                  "| drafts from lookup |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for m, e in methods.items():
             sp = (f"{e['speedup']:.2f}x ({e['speedup_min']:.2f}-{e['speedup_max']:.2f})"
                   if "speedup" in e else "-")
+            per = (f"{e['speedup_geomean']:.2f}x ({e['speedup_p10']:.2f}-{e['speedup_p90']:.2f})"
+                   if "speedup_geomean" in e else "-")
             same = {True: "yes", False: "NO", None: "-"}[e.get("all_match_plain")]
             lines.append(f"| {m} | {e['tokens_per_second']:.1f} | {e['mean_accepted_length']:.2f} | "
-                         f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {same} | "
+                         f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {per} | {same} | "
                          + (f"{e['lookup_share']:.0%} |" if "lookup_share" in e else "- |"))
         lines.append("")
     return "\n".join(lines)

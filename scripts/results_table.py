@@ -23,23 +23,38 @@ NAMES = {"ar": "plain (autoregressive)", "lookup": "prompt lookup", "medusa": "M
          "clover+lookup": "Clover + lookup", "clover2+lookup": "Clover-2 + lookup"}
 
 
+def summary(results: dict) -> dict:
+    """``summary["all"]`` as ``clover.bench.summarize`` computes it today, from the run
+    records the file holds (files written before the speedup became a ratio of totals
+    hold the per-prompt mean in their own summary)."""
+    from clover.bench import BenchConfig, RunRecord, summarize
+
+    records = [RunRecord(**r) for r in results["runs"]]
+    cfg = BenchConfig(methods=tuple(results["summary"]["all"]),
+                      temperature=results["meta"]["config"]["temperature"])
+    return summarize(records, cfg)["all"]
+
+
 def render(results: dict, source: str) -> str:
-    """Markdown: one row per method of ``summary["all"]`` (tokens/s, tokens per step,
-    speedup over plain, same text as plain), then where the numbers come from."""
-    meta, rows = results["meta"], results["summary"]["all"]
-    lines = ["| method | tokens/s | tokens per step | speedup vs plain | same text as plain |",
-             "|---|---|---|---|---|"]
+    """Markdown: one row per method of the summary over all prompts (tokens/s, tokens per
+    step, speedup over plain, same text as plain), then where the numbers come from."""
+    meta, rows = results["meta"], summary(results)
+    lines = ["| method | tokens/s | tokens per step | speedup vs plain | per question: geo-mean "
+             "(p10-p90) | same text as plain |", "|---|---|---|---|---|---|"]
     for method, e in rows.items():
         same = "-" if method == "ar" else ("yes" if e.get("all_match_plain") else "**no**")
         lines.append(f"| {NAMES.get(method, method)} | {e['tokens_per_second']:.1f} | "
-                     f"{e['mean_accepted_length']:.2f} | {e['speedup']:.2f}x | {same} |")
+                     f"{e['mean_accepted_length']:.2f} | {e['speedup']:.2f}x | "
+                     f"{e['speedup_geomean']:.2f}x ({e['speedup_p10']:.2f}-{e['speedup_p90']:.2f}) | "
+                     f"{same} |")
     versions = ", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "transformers") if k in meta)
     date = meta.get("date") or (re.findall(r"\d{4}-\d{2}-\d{2}", meta["command"]) or [""])[-1]
     n = meta.get("n_prompts")
     lines += ["", f"Greedy, {n} Spec-Bench questions, {meta['config']['max_new_tokens']} new tokens, "
               f"on {meta.get('processor') or 'a CPU'} ({meta.get('cpu_count')} cores, "
               f"{meta.get('torch_threads')} torch threads, {meta.get('dtype')}), {date}; "
-              f"{versions}. Speedup is the mean over questions of each one's tokens/s over plain's. "
+              f"{versions}. Tokens/s and speedup are ratios of totals: all questions' tokens over all "
+              f"their decode time, and that over plain decoding's. "
               f"From [`{source}`]({source}), made with:", "", "```bash", meta["command"], "```"]
     return "\n".join(lines)
 

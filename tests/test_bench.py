@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 
@@ -54,7 +55,16 @@ def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
         for m in ("medusa", "clover"):
             e = cat[m]
             assert e["speedup_min"] <= e["speedup"] <= e["speedup_max"]
+            assert e["speedup_p10"] <= e["speedup_geomean"] <= e["speedup_p90"]
             assert e["all_match_plain"] is True
+    # the headline figures are ratios of totals, recomputed here from the run records
+    rows = [r for r in runs if r["method"] == "clover" and r["repeat"] == 0]
+    plain = [r for r in runs if r["method"] == "ar" and r["repeat"] == 0]
+    total = (sum(r["new_tokens"] for r in rows) / sum(r["wall_s"] for r in rows)) / (
+        sum(r["new_tokens"] for r in plain) / sum(r["wall_s"] for r in plain))
+    assert total in (pytest.approx(summary["all"]["clover"]["speedup_min"]),
+                     pytest.approx(summary["all"]["clover"]["speedup_max"]))
+    assert "load" in res  # None: too few plain steps to judge the machine's load
     md = (out / "results.md").read_text()
     assert "## qa" in md and "## multi_turn" in md and "| clover |" in md and "speedup" in md
     html = (out / "charts.html").read_text()
@@ -156,16 +166,15 @@ def test_exactness_is_checked_whatever_the_order_and_a_mismatch_fails(tiny_dir, 
     capsys.readouterr()
 
     # a planted bug: the Clover engine's text changes after decoding
-    from clover.engine import Engine
-    real = Engine.generate
+    from clover.engine import DecodeRun
+    real = DecodeRun.__iter__
 
-    def broken(self, *args, **kwargs):
-        result = real(self, *args, **kwargs)
-        if self.method == "clover":
-            result.text += " (wrong)"
-        return result
+    def broken(self):
+        yield from real(self)
+        if self.engine.method == "clover":
+            self.result.text += " (wrong)"
 
-    monkeypatch.setattr(Engine, "generate", broken)
+    monkeypatch.setattr(DecodeRun, "__iter__", broken)
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "6",
                "--repeats", "1", "--methods", "clover,ar", "--tree", "small", "--out", str(out)])
     err = capsys.readouterr().err
@@ -389,3 +398,46 @@ def test_load_batch_sweep_reads_the_committed_file_or_none(tmp_path, monkeypatch
     path.write_text(json.dumps({"meta": BATCH_SWEEP["meta"], "summary": {}}))
     with pytest.raises(ValueError, match="not a batch-size sweep"):
         load_batch_sweep()
+
+
+def test_one_disturbed_prompt_cannot_make_the_headline(tmp_path):
+    """Ratio of totals: another process slowed plain decoding 10x on one prompt and Clover
+    10x on another (per-prompt ratios 10x, 0.1x, 1x). The mean of per-prompt ratios would
+    report a 3.7x speedup; the headline (totals) and the geometric mean say 1.0x, as the
+    methods' tokens/s do. The load report flags plain steps far above their quiet floor."""
+    from clover.bench import RunRecord, load_report, summarize
+
+    def rec(qid, method, wall, speedup):
+        return RunRecord(question_id=qid, category="qa", method=method, repeat=0, new_tokens=100,
+                         wall_s=wall, tokens_per_second=100 / wall, steps=100,
+                         mean_accepted_length=1.0, acceptance_per_depth=[], draft_ms=0.0,
+                         verify_ms=wall * 10, speedup=speedup)
+    walls = {"a": (40.0, 4.0), "b": (4.0, 40.0), "c": (4.0, 4.0)}  # (plain, clover) seconds
+    records = []
+    for q, (plain, clover) in walls.items():
+        records += [rec(q, "ar", plain, 1.0), rec(q, "clover", clover, plain / clover)]
+    e = summarize(records, BenchConfig(methods=("ar", "clover")))["all"]["clover"]
+    assert statistics.fmean(x.speedup for x in records if x.method == "clover") == pytest.approx(3.7)
+    assert e["speedup"] == pytest.approx(1.0) and e["speedup_geomean"] == pytest.approx(1.0)
+    assert e["tokens_per_second"] == pytest.approx(300 / 48)
+    assert e["speedup_p10"] < 1.0 < e["speedup_p90"]
+    quiet = [40.0 + (i % 5) for i in range(100)]
+    assert load_report(quiet)["busy"] is False
+    assert load_report(quiet[:40] + [140.0] * 100)["busy"] is True
+    assert load_report(quiet[:10]) is None
+
+
+def test_bench_methods_advance_in_lockstep():
+    """The bench runs a prompt's methods one step each in turn, as the app does."""
+    from clover.bench import lockstep
+
+    order = []
+
+    def run(name, steps):
+        for i in range(steps):
+            order.append((name, i))
+            yield
+        return name.upper()
+
+    assert lockstep({"ar": run("ar", 3), "clover": run("clover", 1)}) == {"ar": "AR", "clover": "CLOVER"}
+    assert order == [("ar", 0), ("clover", 0), ("ar", 1), ("ar", 2)]

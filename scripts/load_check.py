@@ -1,0 +1,72 @@
+"""The app's speed cards on an idle machine and beside CPU hogs, for the same prompt.
+
+    python scripts/load_check.py --runs 3 --hogs 2 --out ~/.cache/clover-studio/load-check.json
+
+Runs the app's Run handler (default settings: watch Clover, compare with the others,
+64 new tokens, greedy, auto tree) ``--runs`` times idle, then as many times with
+``--hogs`` CPU-bound processes beside it, and reports each run's "speedup vs plain" and
+"speedup vs Medusa" cards, their medians and the loaded/idle ratio (1.0 = unchanged by
+the load). The hogs are stopped however the script ends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+PROMPT = "Explain why the sky is blue in two sentences."
+
+
+def cards(on_run, visitor_cls, tokens: int) -> dict:
+    from app.metrics import speedup
+
+    out = list(on_run(PROMPT, "clover", 0, tokens, "auto", True, "", "", 0, False, visitor_cls()))
+    st = out[-1][-1]
+    live = st.runs["clover"]
+    return {"vs_plain": speedup(live, st.runs["ar"]), "vs_medusa": speedup(live, st.runs["medusa"]),
+            "plain_step_ms": statistics.median(s.draft_ms + s.verify_ms for s in st.runs["ar"]),
+            "same_text": len({tuple(r.token_ids) for r in st.results.values()}) == 1}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from app.decode_tab import Visitor
+    from app.ui import build_demo
+
+    demo = build_demo(warm_up=True)
+    on_run = next(f.fn for f in demo.fns.values() if f.fn is not None and f.fn.__name__ == "on_run")
+    report: dict = {"prompt": PROMPT, "tokens": args.tokens, "hogs": args.hogs}
+    report["idle"] = [cards(on_run, Visitor, args.tokens) for _ in range(args.runs)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    try:
+        report["loaded"] = [cards(on_run, Visitor, args.tokens) for _ in range(args.runs)]
+    finally:
+        for h in hogs:
+            h.kill()
+    for card in ("vs_plain", "vs_medusa", "plain_step_ms"):
+        idle = statistics.median(r[card] for r in report["idle"])
+        loaded = statistics.median(r[card] for r in report["loaded"])
+        report[card] = {"idle": round(idle, 3), "loaded": round(loaded, 3),
+                        "loaded_over_idle": round(loaded / idle, 3)}
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).expanduser().write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
