@@ -23,12 +23,16 @@ from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import MAX_NEW_TOKENS, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
+from clover.engine import NonFiniteLogitsError
 from clover.methods import ALL_METHODS, split_method
 
 log = logging.getLogger(__name__)
 
 EXAMPLES_FILE = assets_dir() / "examples.json"
 REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster
+# frames per second of the replay: each frame is a Plotly figure built on the server, so
+# fewer frames leave the CPU to other visitors' runs (the race is also drawn live)
+REPLAY_FPS = 4.0
 LIVE_RACE_SECONDS = 1.0  # the live race is redrawn at most this often during a run
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
@@ -52,6 +56,8 @@ class RunState:
         done: the run finished or was stopped (the step slider is live only then).
         model_key: the registry key of the model the run used (:mod:`app.registry`).
         tree: the run's tree setting (for the speed panel: its budget, or "auto").
+        threads: (torch threads used, threads before) when other processes' load made
+            the run use fewer (:func:`app.runner.load_threads`), else None.
     """
 
     method: str
@@ -64,6 +70,7 @@ class RunState:
     temperature: float = 0.0
     model_key: str | None = None
     tree: TreeConfig | None = None
+    threads: tuple[int, int] | None = None
 
 
 @dataclass
@@ -106,6 +113,10 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
     if "ar" not in state.runs and method != "ar":
         note += " Turn on *Compare with the other methods* to measure the speedups."
     busy = busy_note(state)
+    if state.threads:
+        busy = (f"Other processes were using the CPU, so this run decoded on {state.threads[0]} "
+                f"thread{'s' if state.threads[0] != 1 else ''} of {state.threads[1]} (faster "
+                f"on a shared machine). " + busy).strip()
     if busy:
         note = busy + " " + note
     vs_plain = speedup(live, state.runs.get("ar", []))
@@ -267,7 +278,9 @@ class RunHandler:
                                  chosen.methods)
         shown = 0.0  # when the page last got a picture of the runs that are not watched
         try:
-            with closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
+            with runner.load_threads(chosen) as threads, \
+                    closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
+                st.threads = threads
                 for ev in events:
                     if st.stop:  # Stop was pressed: end here, after this step
                         yield _finish(st, stopped=True)
@@ -279,7 +292,7 @@ class RunHandler:
                         if race:
                             shown = now
                         yield _event_outputs(st, ev, order, settings.max_new_tokens, race)
-        except ValueError as e:
+        except (ValueError, NonFiniteLogitsError) as e:
             st.done = True
             yield _fail(str(e))
             return
@@ -446,7 +459,7 @@ def on_replay(st: RunState | None):
         yield figures.race_figure(runs, min(t, end))
         if t >= end:
             return
-        time.sleep(0.1)
+        time.sleep(1.0 / REPLAY_FPS)
 
 
 def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
@@ -554,11 +567,14 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                   lookup]
     on_run = RunHandler(model_key).on_run
     panel_outputs = [*panels.values(), speed_text]  # the step view's folded panels
-    # a press is counted at once, then the run waits its turn in the queue
+    # a press is counted at once, then the run waits its turn in the queue. Every press
+    # is accepted (trigger_mode "multiple"): with Gradio's default ("once") a press made
+    # while a run is pending is dropped after it was counted, and Stop's bookkeeping, which
+    # cancels the presses counted so far, would then cancel the next real run
     for trigger, api in ((run_btn.click, dict(api_name="run")),
                          (prompt.submit, dict(api_visibility="private"))):
         trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
-                show_progress="hidden").then(
+                show_progress="hidden", trigger_mode="multiple").then(
             on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
             concurrency_id="decode", show_progress="hidden", **api).then(
             on_step_panels, [step_slider, browse, state], panel_outputs,

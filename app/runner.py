@@ -7,6 +7,7 @@ The settings come from :mod:`app.settings`, the models from :mod:`app.registry`.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -73,6 +74,60 @@ def run_order(method: str, compare: bool, lookup: bool = False,
         return [method]
     family = [with_lookup(m, lookup) for m in methods]
     return [method] + [m for m in family if m != method]
+
+
+def others_cpu_load(window_s: float = 0.15) -> float | None:
+    """How many CPUs' worth of work other processes do over the next ``window_s`` seconds
+    (:func:`clover.autotree.others_load`); None where that cannot be read (not Linux)."""
+    import time
+
+    from clover.autotree import load_snapshot, others_load
+
+    start = load_snapshot()
+    time.sleep(window_s)
+    return others_load(start, load_snapshot())
+
+
+def threads_for_load(loaded: LoadedModel) -> int | None:
+    """The torch thread count for the next run on a CPU target: where other processes
+    keep the CPUs busy, fewer threads than cores (at least one). Two threads on a 2-core
+    machine shared with two CPU-bound processes made a plain step 7.9x slower than idle
+    (every thread waits for the one the scheduler paused); one thread, about 2x
+    (``scripts/load_check.py``). None: leave the count as it is (a GPU target, ZeroGPU,
+    no ``/proc/stat``, or nothing else running)."""
+    import os
+
+    import torch
+
+    if spaces is not None or loaded.target.device.type != "cpu":
+        return None
+    threads = torch.get_num_threads()
+    if threads <= 1:
+        return None
+    others = others_cpu_load()
+    if others is None:
+        return None
+    free = (os.cpu_count() or threads) - others
+    wanted = max(1, min(threads, int(free + 0.5)))
+    return wanted if wanted < threads else None
+
+
+@contextmanager
+def load_threads(loaded: LoadedModel):
+    """Run the block with :func:`threads_for_load`'s thread count, restoring the count
+    after; yields ``(threads used, threads before)`` when it lowered them, else None."""
+    import torch
+
+    wanted = threads_for_load(loaded)
+    before = torch.get_num_threads()
+    if wanted is None:
+        yield None
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield wanted, before
+    finally:
+        torch.set_num_threads(before)
 
 
 def encode(loaded: LoadedModel, settings: Settings) -> list[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from clover import SamplingConfig, TreeConfig, parse_tree_spec
 from clover.methods import ALL_METHODS, HEAD_METHODS, split_method, with_lookup
+from clover.models import check_text
 
 MAX_NEW_TOKENS = 512
 MAX_PROMPT_CHARS = 20_000
@@ -48,18 +49,32 @@ def tree_config(choice) -> TreeConfig:
                          "dynamic:budget=12,branching=4") from None
 
 
+ROLES = ("system", "user", "assistant")  # the speaker labels of a chat transcript
+
+
 def parse_chat(text: str) -> str | list[dict]:
     """A prompt box's text as one user message, or as a chat when it is written as a
-    transcript whose lines start with 'User:' / 'Assistant:' (a multi-turn prompt)."""
+    transcript whose lines start with 'User:' / 'Assistant:' (a multi-turn prompt),
+    optionally opened by a 'System:' line (the system prompt: the chat template then
+    uses it, or refuses it with a clear message when it has no system role).
+
+    Raises:
+        ValueError: a transcript that does not end with a 'User:' turn, or a 'System:'
+            line after the first turn.
+    """
     lines = text.strip().splitlines()
-    if not lines or not lines[0].lower().startswith("user:"):
+    first = lines[0].lower() if lines else ""
+    if not first.startswith(("user:", "system:")):
         return text
     messages: list[dict] = []
     for line in lines:
-        low = line.lower()
-        if low.startswith("user:") or low.startswith("assistant:"):
-            role, _, content = line.partition(":")
-            messages.append({"role": role.strip().lower(), "content": content.strip()})
+        role, colon, content = line.partition(":")
+        if colon and role.strip().lower() in ROLES and role == role.lstrip():
+            role = role.strip().lower()
+            if role == "system" and messages:
+                raise ValueError("a 'System:' line may only open a chat transcript, before the "
+                                 "first 'User:' turn")
+            messages.append({"role": role, "content": content.strip()})
         else:
             messages[-1]["content"] += "\n" + line
     for m in messages:
@@ -132,6 +147,7 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
     """
     if prompt is None or not str(prompt).strip():
         raise ValueError("the prompt is empty: type a prompt or pick an example")
+    check_text(str(prompt))
     if len(str(prompt)) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt is too long ({len(str(prompt))} characters); this app "
                          f"takes up to {MAX_PROMPT_CHARS}")

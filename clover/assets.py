@@ -14,6 +14,21 @@ ASSETS_ENV = "CLOVER_ASSETS_DIR"
 INSTALLED = Path("share") / "clover-studio" / "assets"
 
 
+def _env_dir(name: str) -> Path | None:
+    """The folder the environment variable ``name`` names, None when unset.
+
+    Raises:
+        FileNotFoundError: it names something that is not a folder.
+    """
+    env = os.environ.get(name)
+    if not env:
+        return None
+    path = Path(env).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"${name} is {env}, which is not a folder")
+    return path
+
+
 def assets_dir() -> Path:
     """The folder of the shipped assets (``heads/``, ``prompts/``, ``examples.json``,
     ``figures/``), looked up in this order:
@@ -26,12 +41,9 @@ def assets_dir() -> Path:
     Raises:
         FileNotFoundError: when none holds the assets, naming every place looked at.
     """
-    env = os.environ.get(ASSETS_ENV)
-    if env:
-        path = Path(env).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"${ASSETS_ENV} is {env}, which is not a folder")
-        return path
+    env = _env_dir(ASSETS_ENV)
+    if env is not None:
+        return env
     places = [Path(__file__).resolve().parent.parent / "assets",
               Path(sysconfig.get_path("data")) / INSTALLED]
     for path in places:
@@ -40,3 +52,26 @@ def assets_dir() -> Path:
     raise FileNotFoundError("the Clover Studio assets are not installed: looked in "
                             + ", ".join(str(p) for p in places)
                             + f"; set ${ASSETS_ENV} to the repository's assets/ folder")
+
+
+DATA_ENV = "CLOVER_DATA_DIR"
+
+
+def data_dir() -> Path:
+    """The repository's training data folder (``data/``: ``selfdistill-v2/`` and the
+    rest), wherever the caller's working directory is: ``$CLOVER_DATA_DIR`` when set,
+    else ``data/`` beside :func:`assets_dir` (a source checkout; a wheel does not
+    install the data).
+
+    Raises:
+        FileNotFoundError: naming the places looked at.
+    """
+    env = _env_dir(DATA_ENV)
+    if env is not None:
+        return env
+    path = assets_dir().parent / "data"
+    if not path.is_dir():
+        raise FileNotFoundError(f"the training data is not here: looked for {path} (it is in the "
+                                f"repository, not in an installed package); set ${DATA_ENV} to "
+                                f"the repository's data/ folder")
+    return path

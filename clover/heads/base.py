@@ -318,6 +318,32 @@ def grow_recurrent_trees(heads: "DraftHeads", target, tree: TreeConfig, roots: S
                       heads.draft_vocab)
 
 
+def weight_problems(expected: dict, state: dict, vocab_size: int) -> list[str]:
+    """What keeps ``state`` (tensor name -> tensor, as read from a heads file) from
+    loading into heads whose ``state_dict()`` is ``expected``: missing, unexpected or
+    wrongly shaped tensors, NaN or infinite weights, and draft vocabulary ids that repeat
+    or fall outside ``[0, vocab_size)``. An empty list when it fits."""
+    problems = [f"tensor {n!r} is missing (expected shape {tuple(expected[n].shape)})"
+                for n in sorted(set(expected) - set(state))]
+    problems += [f"tensor {n!r} is not part of these heads" for n in sorted(set(state) - set(expected))]
+    for n in sorted(set(expected) & set(state)):
+        want, got = expected[n], state[n]
+        if tuple(got.shape) != tuple(want.shape):
+            problems.append(f"tensor {n!r} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        elif got.is_floating_point() != want.is_floating_point():
+            problems.append(f"tensor {n!r} is {str(got.dtype).replace('torch.', '')}, expected "
+                            f"{'floating point' if want.is_floating_point() else 'integer'} values")
+        elif got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            problems.append(f"tensor {n!r} holds NaN or infinite values")
+        elif n.split(".")[-1] == "draft_vocab" and got.numel():
+            if int(got.min()) < 0 or (vocab_size and int(got.max()) >= vocab_size):
+                problems.append(f"tensor {n!r} holds token ids outside the vocabulary "
+                                f"[0, {vocab_size}) (from {int(got.min())} to {int(got.max())})")
+            elif len(torch.unique(got)) != got.numel():
+                problems.append(f"tensor {n!r} repeats token ids")
+    return problems
+
+
 class DraftHeads(nn.Module):
     """Base class of Medusa, Clover and Clover-2 heads: config, save/load, drafter factory.
 
@@ -471,6 +497,27 @@ class DraftHeads(nn.Module):
         return heads.eval().requires_grad_(False)
 
     def load_weights(self, path: str | Path) -> None:
-        """Load ``model.safetensors`` from a heads folder (strict)."""
-        state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(next(self.parameters()).device))
+        """Load ``model.safetensors`` from a heads folder, after checking it against these
+        heads: every tensor present, none extra, each of the expected shape, floating
+        weights finite, draft vocabulary ids distinct and inside the target's vocabulary.
+        Floating weights in another dtype (fp16, bf16) are cast.
+
+        Raises:
+            FileNotFoundError: the file is missing.
+            ValueError: an unreadable file, or tensors that do not fit; the message names
+                the file, the tensors and what was expected.
+        """
+        file = Path(path) / WEIGHTS_FILE
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} is missing: a heads folder holds {CONFIG_FILE} and "
+                                    f"{WEIGHTS_FILE} (written by save_pretrained)")
+        try:
+            state = load_file(str(file), device=str(next(self.parameters()).device))
+        except Exception as e:  # safetensors raises its own error types for a bad header
+            raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+        problems = weight_problems(self.state_dict(), state, self.config.vocab_size)
+        if problems:
+            more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+            raise ValueError(f"{file} does not fit the {self.config.kind} heads its {CONFIG_FILE} "
+                             f"describes: " + "; ".join(problems[:6]) + more)
         self.load_state_dict(state, strict=True)

@@ -33,7 +33,7 @@ MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 SETS = ("spec-bench", "heldout", "train-heldout")
 MAX_NEW_TOKENS = 128
-TRAIN_DATA = "data/selfdistill-v2,data/selfdistill-v2-magpie"
+TRAIN_FOLDERS = ("selfdistill-v2", "selfdistill-v2-magpie")  # under clover.assets.data_dir()
 
 
 def task_of(category: str) -> str:
@@ -66,10 +66,14 @@ def answer_records(target, prompts: str | Path, name: str, max_new_tokens: int =
              "loss_mask": r["loss_mask"]} for r in read_records(out, target.tokenizer)]
 
 
-def train_heldout_records(target, data: str = TRAIN_DATA, n: int = 48) -> list[dict]:
-    """The first ``n`` held-out conversations of the training data, as training selects
-    checkpoints on them (default split and ``max_len``)."""
+def train_heldout_records(target, data: str | None = None, n: int = 48) -> list[dict]:
+    """The first ``n`` held-out conversations of the training data (default: the shipped
+    heads' folders under :func:`clover.assets.data_dir`), as training selects checkpoints
+    on them (default split and ``max_len``)."""
+    from clover.assets import data_dir
     from clover.training.train import TrainConfig, load_split
+
+    data = data or ",".join(str(data_dir() / f) for f in TRAIN_FOLDERS)
 
     _, held = load_split(data, TrainConfig(), target.tokenizer)
     return [{**r, "category": "train-heldout"} for r in held[:n]]
