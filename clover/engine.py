@@ -191,14 +191,16 @@ class NonFiniteLogitsError(RuntimeError):
 def check_finite(logits: torch.Tensor, lengths: Sequence[int], where: str) -> None:
     """Raise :class:`NonFiniteLogitsError` when any of row b's first ``lengths[b]``
     positions of ``logits`` (B, T, V) holds NaN or inf (padding beyond them is not
-    looked at). One ``isfinite`` reduction per row: about 20 us per step for a
-    49,152-token vocabulary on this CPU, next to a 33 ms forward.
+    looked at). One min/max reduction per row (NaN propagates through it, and it cannot
+    overflow as a sum could in fp16): for a 49,152-token vocabulary on this CPU about
+    16 us at one node and 46 us at eleven, next to a 33-75 ms forward (an ``isfinite``
+    mask took 63 and 556 us).
 
     Raises:
         NonFiniteLogitsError: naming ``where`` ("the prompt's prefill", "decode step N").
     """
     for b, n in enumerate(lengths):
-        if n and not bool(torch.isfinite(logits[b, :n]).all()):
+        if n and not bool(torch.isfinite(torch.stack(torch.aminmax(logits[b, :n]))).all()):
             row = f" (batch row {b})" if len(lengths) > 1 else ""
             raise NonFiniteLogitsError(
                 f"the target model returned non-finite logits (NaN or inf) at {where}{row}; "
