@@ -568,17 +568,19 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     on_run = RunHandler(model_key).on_run
     panel_outputs = [*panels.values(), speed_text]  # the step view's folded panels
     # a press is counted at once, then the run waits its turn in the queue. Every press
-    # is accepted (trigger_mode "multiple"): with Gradio's default ("once") a press made
-    # while a run is pending is dropped after it was counted, and Stop's bookkeeping, which
-    # cancels the presses counted so far, would then cancel the next real run
+    # and its run are accepted (trigger_mode "multiple" on each link of the chain): with
+    # Gradio's default ("once") the run of a press made while another run is pending is
+    # dropped after the press was counted, and Stop's bookkeeping, which cancels the
+    # presses counted so far, would then cancel the next real run
     for trigger, api in ((run_btn.click, dict(api_name="run")),
                          (prompt.submit, dict(api_visibility="private"))):
         trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
                 show_progress="hidden", trigger_mode="multiple").then(
             on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
-            concurrency_id="decode", show_progress="hidden", **api).then(
+            concurrency_id="decode", show_progress="hidden", trigger_mode="multiple", **api).then(
             on_step_panels, [step_slider, browse, state], panel_outputs,
-            api_visibility="private", concurrency_limit=None, show_progress="hidden")
+            api_visibility="private", concurrency_limit=None, show_progress="hidden",
+            trigger_mode="multiple")
     # Stop is cooperative: the run checks the flag between steps (at most one step away)
     # and draws its own final state; a queued run never starts; closing the page still
     # cancels the run outright.
