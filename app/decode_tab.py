@@ -23,6 +23,7 @@ from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import MAX_NEW_TOKENS, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
+from clover.autotree import BUSY_SPREAD
 from clover.engine import NonFiniteLogitsError
 from clover.methods import ALL_METHODS, split_method
 
@@ -124,12 +125,9 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
     return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note)
 
 
-BUSY_FACTOR = 1.5  # a plain step this many times its quiet time: the machine was busy
-
-
 def busy_note(state: RunState) -> str:
     """A warning when the machine was busy during the run: plain decoding's median step
-    (engine time) over :data:`BUSY_FACTOR` times the quiet plain step the start-up
+    (engine time) over :data:`clover.autotree.BUSY_SPREAD` times the quiet plain step the start-up
     calibration measured (:meth:`app.registry.LoadedModel.plain_step_ms`); "" otherwise,
     or where either is unknown."""
     plain = state.runs.get("ar") or []
@@ -142,7 +140,7 @@ def busy_note(state: RunState) -> str:
     if not quiet:
         return ""
     typical = statistics.median(engine_ms(s) for s in plain)
-    if typical <= BUSY_FACTOR * quiet:
+    if typical <= BUSY_SPREAD * quiet:
         return ""
     return (f"⚠ The machine was busy during this run: a plain step took {typical:.0f} ms here, "
             f"{quiet:.0f} ms when quiet, so these ratios are less certain (the methods ran in "

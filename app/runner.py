@@ -7,12 +7,13 @@ The settings come from :mod:`app.settings`, the models from :mod:`app.registry`.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from clover import Engine, SamplingConfig, TreeConfig, encode_prompt
-from clover.engine import validate_request
+from clover.autotree import others_cpu_load
+from clover.engine import lockstep, validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
@@ -74,18 +75,6 @@ def run_order(method: str, compare: bool, lookup: bool = False,
         return [method]
     family = [with_lookup(m, lookup) for m in methods]
     return [method] + [m for m in family if m != method]
-
-
-def others_cpu_load(window_s: float = 0.15) -> float | None:
-    """How many CPUs' worth of work other processes do over the next ``window_s`` seconds
-    (:func:`clover.autotree.others_load`); None where that cannot be read (not Linux)."""
-    import time
-
-    from clover.autotree import load_snapshot, others_load
-
-    start = load_snapshot()
-    time.sleep(window_s)
-    return others_load(start, load_snapshot())
 
 
 def threads_for_load(loaded: LoadedModel) -> int | None:
@@ -171,24 +160,16 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
 
 def _events(methods: list[str], loaded: LoadedModel, settings: Settings,
             prompt_ids: Sequence[int]) -> Iterator[RunEvent]:
-    """The runs of ``methods`` advanced one step each in turn, as events."""
+    """The runs of ``methods`` advanced one step each in turn
+    (:func:`clover.engine.lockstep`), as events."""
     runs = {m: decode(loaded.key, m, list(prompt_ids), settings.max_new_tokens,
                       settings.sampling, settings.tree) for m in methods}
-    try:
-        for m in methods:
-            yield RunEvent("start", m, m == settings.method)
-        active = list(methods)
-        while active:
-            for m in list(active):
-                item = next(runs[m], None)
-                live = m == settings.method
-                if isinstance(item, GenerationResult):
-                    active.remove(m)
-                    yield RunEvent("done", m, live, result=item)
-                elif item is None:  # defensive: decode always ends with its result
-                    active.remove(m)
-                else:
-                    yield RunEvent("step", m, live, step=item)
-    finally:  # closing this generator closes every engine run
-        for run in runs.values():
-            run.close()
+    for m in methods:
+        yield RunEvent("start", m, m == settings.method)
+    with closing(lockstep(runs)) as items:  # closing this generator closes every engine run
+        for m, item in items:
+            live = m == settings.method
+            if isinstance(item, GenerationResult):
+                yield RunEvent("done", m, live, result=item)
+            else:
+                yield RunEvent("step", m, live, step=item)

@@ -61,8 +61,9 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MIN_GAIN = 1.05
 
 
-# A plain step's median over its fastest repeat above which the machine counts as busy
-# while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.51x
+# A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
+# in the app's cards, the 5th percentile in clover.bench) above which the machine counts
+# as busy while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.51x
 # (a one-token forward after larger ones); with two CPU-bound processes beside it, 1.5-2.3x.
 BUSY_SPREAD = 1.5
 # CPUs' worth of other processes' work while timing above which the machine was busy
@@ -167,6 +168,15 @@ def others_load(start, end, min_window_s: float = 0.1) -> float | None:
     if start is None or end is None or end[2] - start[2] < min_window_s:
         return None
     return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2]))
+
+
+def others_cpu_load(window_s: float = 0.15) -> float | None:
+    """How many CPUs' worth of work other processes do over the next ``window_s`` seconds
+    (:func:`others_load` of two :func:`load_snapshot` s around a sleep); None where that
+    cannot be read (not Linux)."""
+    start = load_snapshot()
+    time.sleep(window_s)
+    return others_load(start, load_snapshot())
 
 
 def medians_ms(fns, repeats: int) -> list[float]:

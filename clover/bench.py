@@ -1,7 +1,7 @@
 """Benchmark: plain, Medusa and Clover decoding side by side, in one process.
 
 Every method runs on the same prompts, after a warm-up, at batch size 1, through the same
-engine, and the methods run in lockstep on each prompt (:func:`lockstep`: one decode step
+engine, and the methods run in lockstep on each prompt (:func:`clover.engine.lockstep`: one decode step
 of each in turn, as the app races them), so a slow spell of the machine lands on every
 method alike. Each prompt's speedup is :func:`clover.trace.speedup` (the definition the
 app shows live: for the same text, the method's tokens/s over plain's on that prompt in
@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from clover.acceptance import SamplingConfig
-from clover.engine import Engine
+from clover.autotree import BUSY_SPREAD
+from clover.engine import Engine, lockstep
 from clover.methods import ALL_METHODS, METHOD_COLORS
 from clover.training.prompts import interleave_categories, read_prompts
 from clover.trace import GenerationResult, acceptance_rates, engine_ms, speedup
@@ -315,9 +316,10 @@ def machine_info(target) -> dict:
 
 
 def _conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int, encode):
-    """One method's conversation over ``turns``, as a generator that pauses after every
-    decode step (after every turn for a reference without ``stream``), so that several
-    methods can advance in lockstep (:func:`lockstep`); returns the per-turn results."""
+    """One method's conversation over ``turns``, as a generator that yields None after
+    every decode step (after every turn for a reference without ``stream``), so that
+    several methods can advance in lockstep (:func:`clover.engine.lockstep`), and the
+    per-turn results last."""
     messages, results = [], []
     for turn in turns:
         messages.append({"role": "user", "content": turn})
@@ -326,34 +328,20 @@ def _conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, se
         if hasattr(engine, "stream"):
             run = engine.stream(ids, cfg.max_new_tokens, sampling)
             for _ in run:
-                yield
+                yield None
             res = run.result
         else:  # a transformers reference: one turn at a time
             res = engine.generate(ids, cfg.max_new_tokens, sampling)
-            yield
+            yield None
         results.append(res)
         messages.append({"role": "assistant", "content": res.text})
-    return results
-
-
-def lockstep(runs: dict) -> dict:
-    """Advance the generators ``runs`` (name -> generator) one step each in turn, in
-    their order, until all are done; returns name -> each one's return value. The app
-    races its methods the same way: a slow spell of the machine lands on all of them."""
-    out, active = {}, list(runs)
-    while active:
-        for name in list(active):
-            try:
-                next(runs[name])
-            except StopIteration as stop:
-                out[name] = stop.value
-                active.remove(name)
-    return out
+    yield results
 
 
 def _run_conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int,
                       encode) -> list[GenerationResult]:
-    return lockstep({"one": _conversation(engine, target, turns, cfg, seed, encode)})["one"]
+    *_, results = _conversation(engine, target, turns, cfg, seed, encode)
+    return results
 
 
 def mark_speedups(group: list[RunRecord], steps: list[list]) -> None:
@@ -432,8 +420,9 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
             bar.set_postfix(prompt=str(p["question_id"]))
             seed = cfg.seed * 1_000_003 + r * 10_007 + i
             # the methods in lockstep on this prompt: one step of each in turn
-            answers = lockstep({m: _conversation(engines[m], target, p["turns"], cfg, seed, encode_prompt)
-                                for m in cfg.methods})
+            runs = {m: _conversation(engines[m], target, p["turns"], cfg, seed, encode_prompt)
+                    for m in cfg.methods}
+            answers = {m: item for m, item in lockstep(runs) if item is not None}
             for m in cfg.methods:
                 results = answers[m]
                 new = sum(len(x.token_ids) for x in results)
@@ -574,19 +563,16 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
     return results
 
 
-BUSY_FACTOR = 1.5  # plain steps' median over their quiet floor above which the run was busy
-
-
 def load_report(plain_step_ms: list[float]) -> dict | None:
     """How loaded the machine was during a run, from plain decoding's step times (ms):
     their median, their quiet floor (the 5th percentile) and ``busy`` when the median is
-    over :data:`BUSY_FACTOR` times the floor. None for fewer than 20 steps."""
+    over :data:`clover.autotree.BUSY_SPREAD` times the floor. None for fewer than 20 steps."""
     if len(plain_step_ms) < 20:
         return None
     floor = statistics.quantiles(plain_step_ms, n=20)[0]
     median = statistics.median(plain_step_ms)
     return {"plain_step_ms_median": round(median, 3), "plain_step_ms_p05": round(floor, 3),
-            "busy": median > BUSY_FACTOR * floor}
+            "busy": median > BUSY_SPREAD * floor}
 
 
 def _ratios(rows: list[RunRecord], plain: dict) -> tuple[list[float], list[float]]:

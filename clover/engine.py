@@ -182,6 +182,27 @@ class Engine:
         return run.results
 
 
+def lockstep(runs: dict) -> Iterator[tuple[str, object]]:
+    """Advance the generators ``runs`` (name -> generator) one item each in turn, in their
+    order, until all are exhausted, yielding ``(name, item)`` for every item. How the app
+    races its methods and the bench runs a prompt's methods: one decode step of each in
+    turn, never two at once, so a slow spell of the machine lands on all of them alike.
+    Closing this generator closes every run."""
+    active = list(runs)
+    try:
+        while active:
+            for name in list(active):
+                try:
+                    item = next(runs[name])
+                except StopIteration:
+                    active.remove(name)
+                    continue
+                yield name, item
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 class NonFiniteLogitsError(RuntimeError):
     """The target model returned NaN or infinite logits (a broken or overflowing model:
     fp16 overflow, corrupt weights). Decoding stops; nothing derived from those logits is

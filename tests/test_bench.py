@@ -428,16 +428,25 @@ def test_one_disturbed_prompt_cannot_make_the_headline(tmp_path):
 
 
 def test_bench_methods_advance_in_lockstep():
-    """The bench runs a prompt's methods one step each in turn, as the app does."""
-    from clover.bench import lockstep
+    """The bench runs a prompt's methods one step each in turn, as the app does
+    (clover.engine.lockstep); closing the loop closes every run."""
+    from clover.engine import lockstep
 
-    order = []
+    order, closed = [], []
 
     def run(name, steps):
-        for i in range(steps):
-            order.append((name, i))
-            yield
-        return name.upper()
+        try:
+            for i in range(steps):
+                order.append((name, i))
+                yield i
+        finally:
+            closed.append(name)
 
-    assert lockstep({"ar": run("ar", 3), "clover": run("clover", 1)}) == {"ar": "AR", "clover": "CLOVER"}
+    items = list(lockstep({"ar": run("ar", 3), "clover": run("clover", 1)}))
+    assert items == [("ar", 0), ("clover", 0), ("ar", 1), ("ar", 2)]
     assert order == [("ar", 0), ("clover", 0), ("ar", 1), ("ar", 2)]
+    closed.clear()
+    loop = lockstep({"ar": run("ar", 3), "clover": run("clover", 3)})
+    assert next(loop) == ("ar", 0) and next(loop) == ("clover", 0)
+    loop.close()  # a stopped race: both runs are closed
+    assert sorted(closed) == ["ar", "clover"]
