@@ -14,6 +14,7 @@ import statistics
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gradio as gr
 
@@ -30,10 +31,6 @@ from clover.methods import ALL_METHODS, split_method
 log = logging.getLogger(__name__)
 
 EXAMPLES_FILE = assets_dir() / "examples.json"
-REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster
-# frames per second of the replay: each frame is a Plotly figure built on the server, so
-# fewer frames leave the CPU to other visitors' runs (the race is also drawn live)
-REPLAY_FPS = 4.0
 LIVE_RACE_SECONDS = 1.0  # the live race is redrawn at most this often during a run
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
@@ -441,25 +438,6 @@ def on_pick_trace(method_value, st: RunState | None):
                       interactive=len(steps) > 1),) + step_view(st, method_value, len(steps) - 1)
 
 
-def on_replay(st: RunState | None):
-    """The race replayed in real time (faster when long). A plain generator, so
-    Gradio builds each frame in a worker thread and the event loop stays free for
-    other visitors' streams and Stop presses."""
-    if not st or not any(st.runs.values()):
-        yield figures.empty_figure("Run a prompt first")
-        return
-    runs = {m: list(s) for m, s in st.runs.items() if s}
-    end = figures.race_end_ms(runs)
-    speed = max(1.0, end / 1e3 / REPLAY_SECONDS)  # real time, or faster if long
-    start = time.monotonic()
-    while True:
-        t = (time.monotonic() - start) * speed * 1e3
-        yield figures.race_figure(runs, min(t, end))
-        if t >= end:
-            return
-        time.sleep(1.0 / REPLAY_FPS)
-
-
 def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     """Lay out the Decode tab inside the current ``gr.Tab`` and wire its events.
 
@@ -596,5 +574,6 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                       show_progress="hidden", trigger_mode="always_last")
     browse.input(on_pick_trace_panels, [browse, state], panel_outputs, api_visibility="private",
                  concurrency_limit=None, show_progress="hidden")
-    replay_btn.click(on_replay, [state], [race_plot], api_visibility="private",
-                     concurrency_limit=None, show_progress="hidden")
+    # the replay is drawn in the browser from the timelines the race figure carries: no
+    # server work per frame, so replays never slow other visitors' runs
+    replay_btn.click(None, js=(Path(__file__).parent / "race_replay.js").read_text())

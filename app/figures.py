@@ -376,6 +376,10 @@ def accepted_length_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure
     return fig
 
 
+RACE_REPLAY_SECONDS = 8.0  # longest race replay; longer races are replayed faster
+RACE_REPLAY_FPS = 10.0  # frames per second of the replay, drawn in the visitor's browser
+
+
 def race_end_ms(runs: Mapping[str, Sequence[StepTrace]]) -> float:
     """Engine time of the slowest run, ms (where a race replay ends)."""
     return max((timeline(s)[-1][0] for s in runs.values() if s), default=0.0)
@@ -384,7 +388,12 @@ def race_end_ms(runs: Mapping[str, Sequence[StepTrace]]) -> float:
 def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = None) -> go.Figure:
     """Plain, Medusa and Clover side by side at engine time ``t_ms`` (default: the end),
     replayed from the per-step timings the runs recorded: tokens so far as bars (left),
-    tokens over time as curves (right)."""
+    tokens over time as curves (right).
+
+    The figure carries its timelines in ``layout.meta["race"]`` (engine ms and tokens
+    after each step, per method, with the indices of its three traces) so that the page
+    can replay the race by itself (``app/race_replay.js``) without a server round trip.
+    """
     runs = {m: runs[m] for m in ALL_METHODS if runs.get(m)}
     if not runs:
         return empty_figure("Run a prompt to see the race")
@@ -394,6 +403,7 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
     fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], horizontal_spacing=0.12,
                         subplot_titles=("tokens so far", "tokens over engine time"))
     names = [METHOD_NAMES[m] for m in runs]
+    replay = []  # the timelines the browser replays from
     for method, steps in runs.items():
         style, name = METHOD_STYLE[method], METHOD_NAMES[method]
         n = tokens_at(steps, t)
@@ -408,7 +418,11 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
             text=[label],
             textposition="outside", cliponaxis=False,
             hovertemplate=f"{name}: %{{x}} tokens<extra></extra>"), row=1, col=1)
-        pts = [(ms / 1e3, k) for ms, k in timeline(steps) if ms <= t]
+        line = timeline(steps)
+        replay.append(dict(name=name, finished=bool(steps[-1].finished),
+                           traces=[len(fig.data) - 1, len(fig.data), len(fig.data) + 1],
+                           ms=[round(ms, 2) for ms, _ in line], tokens=[k for _, k in line]))
+        pts = [(ms / 1e3, k) for ms, k in line if ms <= t]
         fig.add_trace(go.Scatter(
             x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=name,
             line=dict(color=style["color"], dash=style["dash"], width=3, shape="hv"),
@@ -424,6 +438,9 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
         height=330, margin=dict(l=70, r=30, t=80, b=45), barmode="overlay",
         plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
         legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom"),
+        meta=dict(race=dict(runs=replay, end_ms=round(end, 2), seconds=RACE_REPLAY_SECONDS,
+                            fps=RACE_REPLAY_FPS,
+                            key=f"{end:.2f}/" + "/".join(str(r["tokens"][-1]) for r in replay))),
     )
     fig.update_xaxes(range=[0, top * 1.45 + 1], title_text="tokens", gridcolor="#EEEEEE",
                      row=1, col=1)

@@ -139,16 +139,28 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     assert "Race replay" in page.locator("#race-plot").inner_text()
     assert page.locator("#acceptance-plot .js-plotly-plot").is_visible()
 
-    # the race replays from the start of the recorded times
+    # the race replays from the start of the recorded times, drawn by the page itself: no
+    # request reaches the server while it plays, and it ends on the figure it started from
     end_title = page.locator("#race-plot .gtitle").text_content()
+    end_labels = page.locator("#race-plot .bars text").all_text_contents()
+    requests = []
+
+    def on_request(r):
+        requests.append(r.url)
+
+    page.on("request", on_request)
     page.click("#replay-button")
     page.wait_for_function(
         "document.querySelector('#race-plot .gtitle').textContent.startsWith('Race replay: 0.')"
         f" && document.querySelector('#race-plot .gtitle').textContent !== {end_title!r}",
         timeout=10_000)
+    assert page.locator("#race-plot .bars text").all_text_contents() != end_labels
     page.wait_for_function(
         f"document.querySelector('#race-plot .gtitle').textContent === {end_title!r}",
         timeout=30_000)
+    assert page.locator("#race-plot .bars text").all_text_contents() == end_labels
+    page.remove_listener("request", on_request)
+    assert not [u for u in requests if "/gradio_api/" in u], requests
 
     # revisit step 2 with the slider's number box
     box = page.locator("#step-slider input[type=number]")

@@ -245,6 +245,20 @@ def test_race_figure_replays_recorded_times():
     labels = {t.y[0]: t.text[0] for t in figures.race_figure(runs, 45.0).data if t.type == "bar"}
     assert labels == {"Plain": "4 tok", "Clover": "6 tok · done in 0.03 s"}
 
+    # the timelines the browser replays from (app/race_replay.js), with their traces
+    race = end.layout.meta["race"]
+    assert race["end_ms"] == pytest.approx(60.0) and race["fps"] > 0 and race["seconds"] > 0
+    assert [r["name"] for r in race["runs"]] == ["Plain", "Clover"]
+    for r in race["runs"]:
+        bar, line, marker = (end.data[i] for i in r["traces"])
+        assert bar.type == "bar" and bar.y[0] == r["name"] and bar.x[0] == r["tokens"][-1]
+        assert line.mode == "lines" and line.name == r["name"] and list(line.y) == r["tokens"]
+        assert list(line.x) == pytest.approx([ms / 1e3 for ms in r["ms"]])
+        assert marker.mode == "markers" and marker.y[0] == r["tokens"][-1]
+    assert [r["finished"] for r in figures.race_figure(runs).layout.meta["race"]["runs"]] == [False, True]
+    longer = dict(runs, ar=runs["ar"] + [plain_step(6, 7, ms=10.0)])  # another run, another key
+    assert figures.race_figure(longer).layout.meta["race"]["key"] != race["key"]
+
 
 def test_every_method_has_a_style_and_a_name_and_races():
     assert set(figures.METHOD_STYLE) == set(ALL_METHODS)
