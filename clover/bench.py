@@ -789,9 +789,25 @@ def write_batch_charts(results: dict, path: Path) -> None:
     batch_sweep_figure(results).write_html(str(path), include_plotlyjs=True)
 
 
+def charts_available() -> bool:
+    """Whether Plotly is installed (the ``app`` extra): charts.html needs it; the
+    benchmark itself and its results.json and results.md do not."""
+    import importlib.util
+
+    return importlib.util.find_spec("plotly") is not None
+
+
+CHARTS_MISSING = ("charts.html is not written: Plotly is not installed (pip install "
+                  "'clover-studio[app]' or pip install plotly); results.json and results.md are")
+
+
 def write_charts(results: dict, path: Path) -> None:
     """Plotly HTML: tokens/s and speedup per category, acceptance per depth (a batch-size
-    sweep: :func:`write_batch_charts`)."""
+    sweep: :func:`write_batch_charts`). Without Plotly (the core install), logs
+    :data:`CHARTS_MISSING` and writes nothing."""
+    if not charts_available():
+        log.warning(CHARTS_MISSING)
+        return
     if "batch_summary" in results:
         return write_batch_charts(results, path)
     import plotly.graph_objects as go

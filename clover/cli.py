@@ -397,7 +397,8 @@ def warn_if_busy(window_s: float = 0.3) -> None:
 
 def cmd_bench(args) -> int:
     from clover import engine_for, load_target, parse_tree_spec
-    from clover.bench import HF_GENERATE, HF_LOOKUP, BenchConfig, HFGenerate, HFPromptLookup, run_bench
+    from clover.bench import (CHARTS_MISSING, HF_GENERATE, HF_LOOKUP, BenchConfig, HFGenerate,
+                              HFPromptLookup, charts_available, run_bench)
     from clover.methods import split_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -412,6 +413,8 @@ def cmd_bench(args) -> int:
         raise ValueError("temperature must be >= 0")
     tree = parse_tree_spec(args.tree)
     heads_dirs = bench_heads_dirs(args, cfg.methods)
+    if not charts_available():  # said before the run, not after it
+        print(f"note: {CHARTS_MISSING}", file=sys.stderr)
     warn_if_busy()
     target = load_target(args.model, device=args.device, dtype=args.dtype,
                          cache_dir=os.environ.get("CLOVER_CACHE_DIR"))

@@ -450,3 +450,76 @@ def test_bench_methods_advance_in_lockstep():
     assert next(loop) == ("ar", 0) and next(loop) == ("clover", 0)
     loop.close()  # a stopped race: both runs are closed
     assert sorted(closed) == ["ar", "clover"]
+
+
+def core_only_site(folder):
+    """A folder that holds only what ``pip install clover-studio`` (no extras) installs: a
+    link to each top-level module of the core dependencies' closure (read from this
+    environment's package metadata), with their .dist-info folders. Python started with
+    ``-S`` and ``PYTHONPATH=folder:<repo>`` then sees the core install and nothing else."""
+    import re
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), ["clover-studio"]
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        todo += [r.name for r in map(Requirement, dist.requires or [])
+                 if not r.marker or r.marker.evaluate({"extra": ""})]
+        if key == "clover-studio":
+            continue  # from the source tree
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            src = dist.locate_file(top)
+            if not top.endswith(".pth") and src.exists() and not (folder / top).exists():
+                (folder / top).symlink_to(src)
+    return folder
+
+
+CORE_CHECK = """
+import importlib.util, sys
+extras = [m for m in ("gradio", "plotly", "scipy", "playwright", "accelerate")
+          if importlib.util.find_spec(m)]
+assert not extras, f"not a core-only environment: {extras}"
+from clover.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_core_install_runs_the_bench_without_charts(tiny_dir, prompts, tmp_path):
+    """With the core install only (no Plotly), `clover bench` says up front that
+    charts.html is not written, then writes results.json and results.md and exits 0;
+    every subcommand's help works."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "site").mkdir()
+    site = core_only_site(tmp_path / "site")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{site}{os.pathsep}{repo}"}
+
+    def clover(*args):
+        return subprocess.run([sys.executable, "-S", "-c", CORE_CHECK, *args], capture_output=True,
+                              text=True, timeout=600, env=env)
+
+    out = tmp_path / "bench"
+    done = clover("bench", "--model", str(tiny_dir), "--prompts", str(prompts),
+                  "--max-new-tokens", "4", "--tree", "small", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    note = "charts.html is not written: Plotly is not installed"
+    assert note in done.stderr.splitlines()[0]  # said before the run
+    assert (out / "results.json").exists() and (out / "results.md").exists()
+    assert not (out / "charts.html").exists()
+    for command in ("generate", "data", "prompts", "text-data", "train", "bench"):
+        shown = clover(command, "--help")
+        assert shown.returncode == 0 and "usage:" in shown.stdout, (command, shown.stderr[-2000:])
