@@ -51,8 +51,10 @@ class LoadedModel:
         sources: per speculative method where its heads came from, e.g.
             "trained, shipped with the app", "loaded from DIR", or "untrained".
         label: how the model is named in the UI.
-        auto_trees: per head kind, the concrete tree "auto" means in the app (never "off").
-        calibrations: per head kind, the ``clover.autotree.Calibration`` behind it.
+        calibrating: set while the start-up calibration measures in the background.
+
+    Measurements (auto trees, the verify cost curve) live in the target's
+    ``clover.autotree.Calibrator`` (:attr:`calibrator`), not here.
     """
 
     key: str
@@ -60,13 +62,8 @@ class LoadedModel:
     heads: dict
     sources: dict = field(default_factory=dict)
     label: str = ""
-    auto_trees: dict = field(default_factory=dict)
-    calibrations: dict = field(default_factory=dict)
     calibrating: threading.Event = field(default_factory=threading.Event, repr=False,
                                          compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    _lookup: object = field(default=None, repr=False, compare=False)
-    _lookup_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def head_kinds(self) -> tuple[str, ...]:
@@ -89,6 +86,30 @@ class LoadedModel:
                              f"folder with {kind} heads in *Model and heads* (trained with "
                              f"`clover train --method {kind}`), or pick another method")
 
+    @property
+    def calibrator(self):
+        """The target's ``clover.autotree.Calibrator`` (for the store under
+        ``$CLOVER_CACHE_DIR``)."""
+        from clover.autotree import calibrator_for
+
+        return calibrator_for(self.target)
+
+    @property
+    def calibrations(self) -> dict:
+        """Per head kind, the ``clover.autotree.Calibration`` of its auto tree, where the
+        calibrator holds one."""
+        cals = {k: self.calibrator.known(self.heads.get(k), auto_tree()) for k in self.head_kinds
+                if self.heads.get(k) is not None}
+        return {k: c for k, c in cals.items() if c is not None}
+
+    @property
+    def auto_trees(self) -> dict:
+        """Per head kind, the concrete tree "auto" means in the app: the calibration's
+        tree, never "off": where no tree pays here, the smallest one
+        (:data:`SHOW_BUDGET`), so the method still shows."""
+        return {k: (replace(c.tree, kind="dynamic", budget=SHOW_BUDGET) if c.tree.off else c.tree)
+                for k, c in self.calibrations.items()}
+
     def lookup_config(self):
         """Prompt lookup settings for this model: the chain length adapts to this machine's
         verify cost curve (measured once, a few seconds on a CPU, in the start-up
@@ -97,35 +118,23 @@ class LoadedModel:
         4 tokens."""
         from clover.lookup import LookupConfig
 
-        if spaces is not None or (self._lookup is None and self.calibrating.is_set()):
+        if spaces is not None or (self.calibrating.is_set()
+                                  and self.calibrator.known_costs() is None):
             return LookupConfig(max_tokens=4)
-        return self._sized_lookup()
-
-    def _sized_lookup(self):
-        """The lookup settings sized on this machine's verify cost curve, measured on the
-        first call (under a lock, so once), then kept."""
-        from clover.autotree import sized_lookup
-
-        with self._lookup_lock:
-            if self._lookup is None:
-                self._lookup = sized_lookup(self.target)
-            return self._lookup
+        return self.calibrator.lookup()
 
     def measured_verify_costs(self) -> tuple[float, ...] | None:
         """This machine's verify cost curve (ms of one target forward over 1, 2, ...
         tokens) where it was already measured (for prompt lookup, in the start-up
         calibration or a lookup run), else None. Never measures."""
-        lookup = self._lookup
-        return tuple(lookup.costs) if lookup is not None and lookup.costs else None
+        return self.calibrator.known_costs()
 
     def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
-        """``tree``, or for an ``auto`` tree the dynamic tree ``clover.autotree.calibrate``
-        picks for this model, head kind and machine (read from the stored calibration, or
-        measured on first use, seconds on a CPU, then kept), never "off": where no tree
-        pays here, the smallest one (:data:`SHOW_BUDGET`), so the method still shows.
-        While :meth:`calibrate_in_background` is still measuring, the default budget.
-        On ZeroGPU (``spaces``) decoding runs on hardware this process cannot time, so
-        the default budget is used there."""
+        """``tree``, or for an ``auto`` tree :attr:`auto_trees`' tree for this head kind
+        (the calibrator's, read from the stored calibration, or measured on first use,
+        seconds on a CPU, then kept). While :meth:`calibrate_in_background` is still
+        measuring, the default budget. On ZeroGPU (``spaces``) decoding runs on hardware
+        this process cannot time, so the default budget is used there."""
         heads = self.heads.get(method)
         if not tree.auto or heads is None:
             return tree
@@ -136,30 +145,18 @@ class LoadedModel:
             return known
         if self.calibrating.is_set():
             return replace(tree, auto=False)
-        with self._lock:
-            if method not in self.auto_trees:
-                self._calibrate(method, measure=True)
-            return self.auto_trees[method]
+        self._calibrate(method, measure=True)
+        return self.auto_trees[method]
 
     def _calibrate(self, kind: str, measure: bool) -> bool:
         """Size ``kind``'s auto tree (the stored choice, else measured when ``measure``);
         False where nothing is stored and ``measure`` is False."""
-        from clover.autotree import calibrate
-
-        cal = calibrate(self.target, self.heads[kind], replace(auto_tree(), auto=False),
-                        measure=measure)
-        if cal is None:
-            return False
-        self.calibrations[kind] = cal
-        self.auto_trees[kind] = (replace(cal.tree, kind="dynamic", budget=SHOW_BUDGET)
-                                 if cal.tree.off else cal.tree)
-        return True
+        return self.calibrator.calibration(self.heads[kind], auto_tree(), measure=measure) is not None
 
     def plain_step_ms(self) -> float | None:
         """A plain step's time (ms) on this machine when quiet, from the calibration (the
         fastest of its repeats), or None where not measured."""
-        times = [c.plain_ms for c in self.calibrations.values() if c.plain_ms]
-        return min(times) if times else None
+        return self.calibrator.plain_step_ms()
 
     def calibrate_in_background(self) -> threading.Thread | None:
         """Size the auto trees without holding up start-up: stored sizes are read at once;
@@ -175,9 +172,8 @@ class LoadedModel:
         def work():
             try:
                 for m in todo:
-                    with self._lock:
-                        self._calibrate(m, measure=True)
-                self._sized_lookup()  # the verify cost curve for prompt lookup, before
+                    self._calibrate(m, measure=True)
+                self.calibrator.lookup()  # the verify cost curve for prompt lookup, before
                 self.calibrating.clear()  # lookup runs stop using the fixed chain
                 log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
             except Exception:  # the default tree stays in use; the app keeps serving

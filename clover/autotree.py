@@ -16,15 +16,19 @@ Expected speed of a tree budget N (drafted nodes) is
 This is EAGLE-2's idea of choosing the total token count from measured cost and
 acceptance (arXiv 2406.16858 §5), applied per machine at load time.
 
-:func:`resolve_tree` is the one place the setting becomes a concrete tree (the CLI, the
-bench, the app and the notebooks call it; the engine never measures): the choice is kept
-on disk (:func:`stored_auto_tree`, keyed by :func:`calibration_key`), so it is measured
-once per machine, target, heads and library versions.
+Every measurement of a target on this machine has one home, its :class:`Calibrator`
+(:func:`calibrator_for`): the verify cost curve (kept in memory) and the auto tree of each
+heads and batch size (kept in memory and on disk, ``autotree.json``, keyed by
+:func:`calibration_key`, so it is measured once per machine, target, heads and library
+versions). The edges (CLI, bench, app, notebooks) ask it once, through
+:func:`resolve_tree` or :meth:`Calibrator.resolve`, and pass the concrete tree and lookup
+settings to the engine, which never measures.
 """
 from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
@@ -239,38 +243,26 @@ def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_s
         return medians_ms([verify_once(target, cache, prefix_len, c, batch_size) for c in chains], repeats)
 
 
-_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
     """This machine's verify cost curve: ms of one target forward over 1, 2, ..., ``n``
     tokens (per row, for ``batch_size`` rows) on top of ``prefix_len`` cached ones
     (:func:`time_forward`), made non-decreasing (timing noise aside, more tokens never
-    cost less). Measured once per target, size and batch size, then cached in memory.
+    cost less). Measured once per target, size and batch size by its
+    :class:`Calibrator`, then kept in memory.
 
     Returns:
         a list of ``n`` times in ms.
     """
-    cached = _COSTS.setdefault(target, {})
-    if (n, batch_size) not in cached:
-        ms = time_forward(target, list(range(1, n + 1)), prefix_len=prefix_len, repeats=repeats,
-                          batch_size=batch_size)
-        cached[n, batch_size] = [max(ms[: i + 1]) for i in range(n)]
-    return list(cached[n, batch_size])
+    return calibrator_for(target).verify_costs(n, batch_size, prefix_len=prefix_len, repeats=repeats)
 
 
 def sized_lookup(target, lookup=None, batch_size: int = 1):
     """``lookup`` (default ``LookupConfig()``) with this machine's verify cost curve for
-    chains up to its ``max_tokens`` (:func:`verify_costs`, cached per target), so prompt
-    lookup drafts the length that pays here (``clover.lookup.best_length``). With
-    ``batch_size`` B the curve is a batched step's, B rows each verifying as many tokens:
-    on a CPU every extra token costs B rows' worth, so a larger batch drafts shorter."""
-    from dataclasses import replace
-
-    from clover.lookup import LookupConfig
-
-    lookup = lookup or LookupConfig()
-    return replace(lookup, costs=tuple(verify_costs(target, lookup.max_tokens + 1, batch_size=batch_size)))
+    chains up to its ``max_tokens`` (:meth:`Calibrator.lookup`), so prompt lookup drafts
+    the length that pays here (``clover.lookup.best_length``). With ``batch_size`` B the
+    curve is a batched step's, B rows each verifying as many tokens: on a CPU every extra
+    token costs B rows' worth, so a larger batch drafts shorter."""
+    return calibrator_for(target).lookup(lookup, batch_size)
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
@@ -535,23 +527,152 @@ def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
     return None if cal is None else cal.tree
 
 
+class Calibrator:
+    """Every measurement of one target on this machine, in one place: the verify cost
+    curve (ms of a forward over 1, 2, ... tokens, per batch size; kept in memory) and the
+    auto tree of each heads, base tree and batch size (:class:`Calibration`: kept in
+    memory for this process, and on disk in ``path`` through :func:`calibrate`). Get the
+    one of a target with :func:`calibrator_for`. Thread-safe: measurements run under one
+    lock, and :meth:`known` / :meth:`known_costs` read without waiting on it.
+
+    Args:
+        target: the ``clover.TargetModel``.
+        path: the store (``autotree.json``).
+    """
+
+    def __init__(self, target, path):
+        self._target = weakref.ref(target)  # the registry of calibrators must not keep it alive
+        self.path = path
+        self.lock = threading.RLock()
+        self._costs: dict[tuple[int, int], list[float]] = {}
+        # (heads, base tree, batch size) -> Calibration, per heads object
+        self._calibrations: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    @property
+    def target(self):
+        target = self._target()
+        if target is None:
+            raise ReferenceError("the calibrator's target model was freed")
+        return target
+
+    @staticmethod
+    def _base(base: TreeConfig | None) -> TreeConfig:
+        return replace(base or TreeConfig(), auto=False)
+
+    def known(self, heads, base: TreeConfig | None = None, batch_size: int = 1) -> Calibration | None:
+        """The calibration this process already holds for ``heads`` (measured or read from
+        the store by :meth:`calibration`), else None. Never measures, reads no file, never
+        waits."""
+        return self._calibrations.get(heads, {}).get((self._base(base), batch_size))
+
+    def calibration(self, heads, base: TreeConfig | None = None, batch_size: int = 1,
+                    measure: bool = True, recalibrate: bool = False) -> Calibration | None:
+        """The auto tree of ``heads`` on this machine with its figures: held in memory,
+        else read from the store, else measured now (``measure``; stored when the machine
+        was quiet, :func:`calibrate`), else None. ``recalibrate`` measures again."""
+        base = self._base(base)
+        if not recalibrate and (cal := self.known(heads, base, batch_size)) is not None:
+            return cal
+        with self.lock:
+            if not recalibrate and (cal := self.known(heads, base, batch_size)) is not None:
+                return cal  # measured by another thread meanwhile
+            cal = calibrate(self.target, heads, base, self.path, measure, recalibrate, batch_size)
+            if cal is not None:
+                self._calibrations.setdefault(heads, {})[base, batch_size] = cal
+            return cal
+
+    def calibrations(self) -> list[Calibration]:
+        """Every calibration this process holds for this target."""
+        return [c for by_heads in list(self._calibrations.values()) for c in by_heads.values()]
+
+    def plain_step_ms(self) -> float | None:
+        """A plain step's time (ms) on this machine when quiet: the fastest of the held
+        calibrations' plain steps, or None where none was measured."""
+        times = [c.plain_ms for c in self.calibrations() if c.plain_ms]
+        return min(times) if times else None
+
+    def verify_costs(self, n: int, batch_size: int = 1, prefix_len: int = 256,
+                     repeats: int = 3) -> list[float]:
+        """The verify cost curve for 1..``n`` tokens (:func:`verify_costs`), measured on
+        the first call for this ``n`` and batch size, then held."""
+        with self.lock:
+            if (n, batch_size) not in self._costs:
+                ms = time_forward(self.target, list(range(1, n + 1)), prefix_len=prefix_len,
+                                  repeats=repeats, batch_size=batch_size)
+                self._costs[n, batch_size] = [max(ms[: i + 1]) for i in range(n)]
+            return list(self._costs[n, batch_size])
+
+    def known_costs(self, batch_size: int = 1) -> tuple[float, ...] | None:
+        """The longest verify cost curve held for ``batch_size``, else None. Never measures."""
+        curves = [c for (n, b), c in list(self._costs.items()) if b == batch_size]
+        return tuple(max(curves, key=len)) if curves else None
+
+    def lookup(self, lookup=None, batch_size: int = 1):
+        """``lookup`` (default ``LookupConfig()``) with the verify cost curve for chains up
+        to its ``max_tokens`` (:func:`sized_lookup`)."""
+        from clover.lookup import LookupConfig
+
+        lookup = lookup or LookupConfig()
+        return replace(lookup, costs=tuple(self.verify_costs(lookup.max_tokens + 1, batch_size)))
+
+    def resolve(self, heads, tree: TreeConfig | None = None, lookup=None, *, measure: bool = True,
+                recalibrate: bool = False, batch_size: int = 1):
+        """The tree setting made concrete for this machine (:func:`resolve_tree`).
+
+        Returns:
+            (tree, lookup).
+        """
+        tree = tree or TreeConfig()
+        if not tree.auto:
+            return tree, lookup
+        if lookup is not None and not lookup.costs and measure:
+            lookup = self.lookup(lookup, batch_size)
+        if heads is None:
+            return replace(tree, auto=False), lookup
+        cal = self.calibration(heads, tree, batch_size, measure=measure, recalibrate=recalibrate)
+        return (tree if cal is None else cal.tree), lookup
+
+
+_CALIBRATORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CALIBRATORS_LOCK = threading.Lock()
+
+
+def calibrator_for(target, path=None) -> Calibrator:
+    """The :class:`Calibrator` of ``target`` for the store ``path`` (default
+    ``$CLOVER_CACHE_DIR/autotree.json``, i.e. ``~/.cache/clover-studio/autotree.json``,
+    read when called): one per target and store for the life of the target."""
+    from pathlib import Path
+
+    from clover.models import cache_root
+
+    path = Path(path or cache_root() / "autotree.json")
+    with _CALIBRATORS_LOCK:
+        by_path = _CALIBRATORS.setdefault(target, {})
+        if path not in by_path:
+            by_path[path] = Calibrator(target, path)
+        return by_path[path]
+
+
 def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, path=None,
                  measure: bool = True, recalibrate: bool = False, batch_size: int = 1):
     """The one place where the tree setting "auto" becomes a concrete tree for this
-    machine; the CLI, the bench, the app and the notebooks call it before building an
-    :class:`~clover.engine.Engine` (which takes concrete trees only).
+    machine; the CLI, the bench, the app and the notebooks call it (or the same
+    :meth:`Calibrator.resolve`) before building an :class:`~clover.engine.Engine` (which
+    takes concrete trees only).
 
-    With ``tree.auto``: heads get the dynamic tree :func:`stored_auto_tree` picks (read
-    from the store, else measured, seconds on a CPU, and stored; it may be "off"); no heads
-    (plain decoding, lookup alone) get ``tree`` without the mark; a ``lookup`` config
-    without ``costs`` gets this machine's verify cost curve (:func:`sized_lookup`). A tree
-    that is not "auto" and its lookup are returned as they are.
+    With ``tree.auto``: heads get the dynamic tree their :class:`Calibration` picks (held
+    by the target's :class:`Calibrator`, else read from the store, else measured, seconds
+    on a CPU, and stored; it may be "off"); no heads (plain decoding, lookup alone) get
+    ``tree`` without the mark; a ``lookup`` config without ``costs`` gets this machine's
+    verify cost curve (:func:`sized_lookup`). A tree that is not "auto" and its lookup are
+    returned as they are.
 
     Args:
         heads: the method's draft heads, or None.
         tree: the tree setting (default ``TreeConfig()``).
         lookup: the method's ``clover.lookup.LookupConfig``, or None.
-        path, recalibrate: see :func:`stored_auto_tree`.
+        path: the store (:func:`calibrator_for`).
+        recalibrate: measure again (and store) even where a choice is stored.
         measure: False: never time anything; where no budget is stored, ``tree`` comes
             back still marked ``auto`` (the app then decides what to run meanwhile).
         batch_size: the heads' tree and the lookup cost curve are sized for batches of
@@ -559,13 +680,5 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
     Returns:
         (tree, lookup).
     """
-    tree = tree or TreeConfig()
-    if not tree.auto:
-        return tree, lookup
-    if lookup is not None and not lookup.costs and measure:
-        lookup = sized_lookup(target, lookup, batch_size)
-    if heads is None:
-        return replace(tree, auto=False), lookup
-    found = stored_auto_tree(target, heads, replace(tree, auto=False), path, measure=measure,
-                             recalibrate=recalibrate, batch_size=batch_size)
-    return (tree if found is None else found), lookup
+    return calibrator_for(target, path).resolve(heads, tree, lookup, measure=measure,
+                                                recalibrate=recalibrate, batch_size=batch_size)

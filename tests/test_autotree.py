@@ -166,3 +166,64 @@ def test_a_busy_calibration_is_used_but_not_stored(monkeypatch, tmp_path):
     store.write_text(json.dumps({key: 0}))  # an older version's bare budget: "off"
     old = at.calibrate(target, heads, path=store, measure=False)
     assert old.tree.off and old.stored and old.plain_ms is None
+
+
+def test_one_calibrator_per_target_holds_every_measurement(monkeypatch, tmp_path):
+    """Calibration has one home: the target's Calibrator. The verify cost curve is timed
+    once however many lookup configs ask for it; an auto tree measured through
+    resolve_tree (CLI, bench, notebooks) is the one the app's loaded model then uses,
+    without measuring again; a new store (another cache folder) starts empty."""
+    import clover.autotree as at
+    from app import registry
+
+    monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
+    timed = []
+    real_time_forward = at.time_forward
+
+    def counting(target, sizes, **kw):
+        timed.append(tuple(sizes))
+        return real_time_forward(target, sizes, prefix_len=8, repeats=1, batch_size=kw.get("batch_size", 1))
+
+    monkeypatch.setattr(at, "time_forward", counting)
+    target = tiny_target("llama", vocab_size=64)
+    cal = at.calibrator_for(target)
+    assert at.calibrator_for(target) is cal and cal.path == tmp_path / "cache" / "autotree.json"
+    assert cal.known_costs() is None
+    from clover.lookup import LookupConfig
+
+    first = at.sized_lookup(target)
+    assert len(first.costs) == LookupConfig().max_tokens + 1 and len(timed) == 1
+    assert at.resolve_tree(target, None, TreeConfig(auto=True), LookupConfig())[1] == first
+    assert len(timed) == 1 and cal.known_costs() == first.costs  # timed once, held
+    assert list(first.costs) == sorted(first.costs)  # made non-decreasing
+
+    heads = new_heads("clover", target, num_heads=2)
+    monkeypatch.setattr(at, "auto_tree", lambda t, h, base=None, **kw: (
+        replace_budget(base, 3), at.AutoTreeReport([1, 3], [1.0, 2.0], [1.0, 1.0], [10.0, 11.0],
+                                                   10.0, 3, expected=1.5, best_budget=3)))
+    tree, _ = at.resolve_tree(target, heads, TreeConfig(auto=True))
+    assert tree.budget == 3 and not tree.auto and cal.known(heads).tree == tree
+
+    def no_more(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(at, "auto_tree", no_more)
+    loaded = registry.register_model("test-one-home", target, heads={"clover": heads, "medusa": None},
+                                     warm_up=False)
+    try:
+        assert loaded.tree_for("clover", TreeConfig(auto=True)) == tree
+        assert loaded.calibrations["clover"] is cal.known(heads)
+        assert loaded.measured_verify_costs() == first.costs
+        assert loaded.plain_step_ms() == 10.0
+    finally:
+        registry.forget_model("test-one-home")
+    other = at.calibrator_for(target, tmp_path / "other.json")
+    assert other is not cal and other.known(heads) is None and other.known_costs() is None
+
+
+def replace_budget(base, budget):
+    from dataclasses import replace
+
+    return replace(base or TreeConfig(), kind="dynamic", budget=budget, auto=False)
