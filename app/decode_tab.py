@@ -19,14 +19,14 @@ from pathlib import Path
 import gradio as gr
 
 from app import figures, runner, step_panels
-from app.metrics import METHOD_NAMES, best_step, engine_ms, run_stats, speedup, token_origins
+from app.metrics import best_step, engine_ms, run_stats, speedup, token_origins
 from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import MAX_NEW_TOKENS, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
 from clover.autotree import BUSY_SPREAD
 from clover.engine import NonFiniteLogitsError
-from clover.methods import ALL_METHODS, split_method
+from clover.methods import ALL_METHODS, METHOD_LABELS, split_method
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +145,11 @@ def busy_note(state: RunState) -> str:
 
 
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
-    return [(METHOD_NAMES[m], m) for m in ALL_METHODS if state.runs.get(m)]
+    return [(METHOD_LABELS[m], m) for m in ALL_METHODS if state.runs.get(m)]
 
 
 def _summary(state: RunState, stopped: bool = False) -> str:
-    name = METHOD_NAMES[state.method]
+    name = METHOD_LABELS[state.method]
     live = state.runs.get(state.method, [])
     if not live:
         return "**■ Stopped** before the watched run started." if stopped else ""
@@ -192,7 +192,7 @@ def _after_run(state: RunState, stopped: bool = False) -> tuple:
 def method_choices(loaded: LoadedModel) -> list[tuple[str, str]]:
     """The "Method to watch" choices (label, method): Clover, Medusa, prompt lookup and
     plain decoding, with Clover-2 after Clover when the model has Clover-2 heads."""
-    extra = [(METHOD_NAMES[k], k) for k in loaded.head_kinds if k not in CORE_HEAD_KINDS]
+    extra = [(METHOD_LABELS[k], k) for k in loaded.head_kinds if k not in CORE_HEAD_KINDS]
     return [("Clover", "clover"), *extra, ("Medusa", "medusa"), ("Prompt lookup", "lookup"),
             ("Plain decoding", "ar")]
 
@@ -315,7 +315,7 @@ def _race_status(st: RunState, order: list[str], max_new: int) -> str:
     for m in order:
         steps = st.runs.get(m, [])
         n = steps[-1].total_tokens if steps else 0
-        parts.append(f"{METHOD_NAMES[m]} {'✓' if m in st.results else f'{n}/{max_new}'}")
+        parts.append(f"{METHOD_LABELS[m]} {'✓' if m in st.results else f'{n}/{max_new}'}")
     return " · racing in lockstep: " + ", ".join(parts)
 
 
@@ -323,7 +323,7 @@ def _event_outputs(st: RunState, ev: runner.RunEvent, order: list[str], max_new:
                    race: bool = False) -> tuple:
     """What changed on the page after ``ev`` (already recorded in ``st``); with ``race``
     the race figure too (the runs so far, drawn live)."""
-    name = METHOD_NAMES[st.method]
+    name = METHOD_LABELS[st.method]
     watched = st.runs.get(st.method, [])
     others = _race_status(st, order, max_new) if len(order) > 1 else ""
     extra = {"race": figures.race_figure(st.runs)} if race else {}

@@ -13,10 +13,10 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.metrics import (ACCEPTED, BONUS, CUT, METHOD_NAMES, REJECTED, ROOT, RunStats,
+from app.metrics import (ACCEPTED, BONUS, CUT, REJECTED, ROOT, RunStats,
                          acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
                          tokens_at, token_origins)
-from clover.methods import ALL_METHODS, METHOD_COLORS
+from clover.methods import ALL_METHODS, METHOD_COLORS, METHOD_LABELS
 from clover.trace import StepTrace
 
 # Okabe-Ito colours, each paired with a marker shape.
@@ -327,11 +327,11 @@ def acceptance_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure:
         style = METHOD_STYLE.get(method, METHOD_STYLE["clover"])
         rates = [100.0 * r / n for _, r, n in rows]
         fig.add_trace(go.Bar(
-            x=[f"depth {d}" for d, _, _ in rows], y=rates, name=METHOD_NAMES.get(method, method),
+            x=[f"depth {d}" for d, _, _ in rows], y=rates, name=METHOD_LABELS.get(method, method),
             marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
             text=[f"{v:.0f}%<br>({r}/{n})" for v, (_, r, n) in zip(rates, rows)],
             textposition="outside", cliponaxis=False,
-            hovertemplate="%{x}: %{y:.1f}% of steps<extra>" + METHOD_NAMES.get(method, method)
+            hovertemplate="%{x}: %{y:.1f}% of steps<extra>" + METHOD_LABELS.get(method, method)
                           + "</extra>",
         ))
     fig.update_layout(
@@ -358,12 +358,12 @@ def accepted_length_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure
         style = METHOD_STYLE.get(method, METHOD_STYLE["clover"])
         share = [100.0 * counts.get(k, 0) / len(steps) for k in lengths]
         fig.add_trace(go.Bar(
-            x=lengths, y=share, name=METHOD_NAMES.get(method, method),
+            x=lengths, y=share, name=METHOD_LABELS.get(method, method),
             marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
             text=[str(counts.get(k, 0)) for k in lengths], textposition="outside",
             cliponaxis=False, customdata=[counts.get(k, 0) for k in lengths],
             hovertemplate="%{x} tokens/step: %{customdata} steps (%{y:.1f}%)<extra>"
-                          + METHOD_NAMES.get(method, method) + "</extra>",
+                          + METHOD_LABELS.get(method, method) + "</extra>",
         ))
     fig.update_layout(
         title=dict(text="Tokens per step (accepted drafts + bonus)", x=0.01, xanchor="left"),
@@ -402,10 +402,10 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
     top = max(s[-1].total_tokens for s in runs.values())
     fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], horizontal_spacing=0.12,
                         subplot_titles=("tokens so far", "tokens over engine time"))
-    names = [METHOD_NAMES[m] for m in runs]
+    names = [METHOD_LABELS[m] for m in runs]
     replay = []  # the timelines the browser replays from
     for method, steps in runs.items():
-        style, name = METHOD_STYLE[method], METHOD_NAMES[method]
+        style, name = METHOD_STYLE[method], METHOD_LABELS[method]
         n = tokens_at(steps, t)
         end_ms = timeline(steps)[-1][0]
         label = f"{n} tok"
@@ -535,7 +535,7 @@ def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
         f'<div style="font-size:21px;font-weight:650;color:{color}">{value}</div></div>'
         for label, value, color in cards)
     rows = "".join(
-        f"<tr><td style='padding:2px 8px'>{METHOD_NAMES.get(m, m)}</td>"
+        f"<tr><td style='padding:2px 8px'>{METHOD_LABELS.get(m, m)}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.steps}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_step:.2f}</td>"
@@ -550,7 +550,7 @@ def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
     table_html = (f"<table style='border-collapse:collapse;font-size:13px;margin-top:8px;color:#222'>"
                   f"<tr style='border-bottom:1px solid #ddd'>{head}</tr>{rows}</table>") if table else ""
     title = (f"<div style='font-size:13px;color:#333;margin-bottom:6px'>"
-             f"<b>{METHOD_NAMES.get(method, method)}</b> · step {stats.steps} · "
+             f"<b>{METHOD_LABELS.get(method, method)}</b> · step {stats.steps} · "
              f"{stats.tokens} tokens · {stats.engine_ms / 1e3:.2f} s engine time</div>")
     foot = f"<div style='font-size:12px;color:#555;margin-top:6px'>{note}</div>" if note else ""
     return (f"<div id='metrics' style='font-family:{FONT}'>{title}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from clover.methods import METHOD_LABELS
 from clover.trace import (StepTrace, acceptance_by_depth, engine_ms, speedup,  # noqa: F401  (the one
                           time_to_tokens, timeline, tokens_at)                  # definitions)
 
@@ -17,7 +16,6 @@ from clover.trace import (StepTrace, acceptance_by_depth, engine_ms, speedup,  #
 # CUT: accepted by verification but after the end of generation, so never committed.
 ROOT, ACCEPTED, BONUS, REJECTED, CUT = "root", "accepted", "bonus", "rejected", "cut"
 
-METHOD_NAMES = METHOD_LABELS  # display names per method
 
 
 def node_statuses(step: StepTrace) -> list[str]:

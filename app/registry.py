@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clover import Engine, TreeConfig, encode_prompt, load_target
-from clover.methods import HEAD_METHODS, METHOD_LABELS, split_method
+from clover.methods import HEAD_KINDS, METHOD_LABELS, split_method
 
 from app.settings import auto_tree
 
@@ -29,10 +29,10 @@ except ImportError:  # everywhere else the plain function runs
     spaces = None
 
 # head kinds every model gets (shipped heads, else untrained ones); the other kinds of
-# clover.methods.HEAD_METHODS (Clover-2) join only where trained heads exist for them
+# clover.methods.HEAD_KINDS (Clover-2) join only where trained heads exist for them
 CORE_HEAD_KINDS = ("medusa", "clover")
 # the methods every model offers to watch (the lookup branch: clover.methods.with_lookup)
-METHODS = ("ar", "lookup", *CORE_HEAD_KINDS)
+CORE_METHODS = ("ar", "lookup", *CORE_HEAD_KINDS)
 DEFAULT_MODEL_KEY = "default"
 # the "auto" tree where the calibration says no tree pays on this machine: the smallest
 # that still shows the method (a visitor who picked a head method came to see a tree)
@@ -68,14 +68,14 @@ class LoadedModel:
     @property
     def head_kinds(self) -> tuple[str, ...]:
         """The head kinds this model has heads for, in display order."""
-        return tuple(k for k in HEAD_METHODS
+        return tuple(k for k in HEAD_KINDS
                      if k in self.heads and (k in CORE_HEAD_KINDS or self.heads[k] is not None))
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The methods this model can run (without the lookup branch): :data:`METHODS`,
+        """The methods this model can run (without the lookup branch): :data:`CORE_METHODS`,
         plus Clover-2 where Clover-2 heads were loaded."""
-        return (*METHODS, *(k for k in self.head_kinds if k not in METHODS))
+        return (*CORE_METHODS, *(k for k in self.head_kinds if k not in CORE_METHODS))
 
     def check_method(self, method: str) -> None:
         """Raise ``ValueError`` (a message for the visitor) when ``method`` needs heads
@@ -248,7 +248,7 @@ def target_label(target, model: str | None) -> str:
 
 
 def head_folders(heads_dir: str | None) -> dict[str, Path | None]:
-    """Per head kind (``clover.methods.HEAD_METHODS``) the folder under ``heads_dir`` that
+    """Per head kind (``clover.methods.HEAD_KINDS``) the folder under ``heads_dir`` that
     holds heads of that kind (``clover.heads.find_heads``), None where there is none.
 
     Raises:
@@ -257,9 +257,9 @@ def head_folders(heads_dir: str | None) -> dict[str, Path | None]:
     from clover.heads import find_heads
 
     if not heads_dir:
-        return dict.fromkeys(HEAD_METHODS)
+        return dict.fromkeys(HEAD_KINDS)
     try:
-        folders = {k: find_heads(heads_dir, k) for k in HEAD_METHODS}
+        folders = {k: find_heads(heads_dir, k) for k in HEAD_KINDS}
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
     if not any(folders.values()):
@@ -280,7 +280,7 @@ def default_kinds(heads_dir: str | None, target) -> list[str]:
     from clover.heads import shipped_heads_for
 
     folders = head_folders(heads_dir)
-    return [k for k in HEAD_METHODS
+    return [k for k in HEAD_KINDS
             if k in CORE_HEAD_KINDS or folders[k] is not None or shipped_heads_for(k, target) is not None]
 
 

@@ -17,7 +17,7 @@ from clover.engine import lockstep, validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
-from app.registry import METHODS, LoadedModel, loaded_model, spaces
+from app.registry import CORE_METHODS, LoadedModel, loaded_model, spaces
 from app.settings import Settings
 
 
@@ -67,7 +67,7 @@ class RunEvent:
 
 
 def run_order(method: str, compare: bool, lookup: bool = False,
-              methods: Sequence[str] = METHODS) -> list[str]:
+              methods: Sequence[str] = CORE_METHODS) -> list[str]:
     """Methods to run: the watched ``method`` first, then the others of ``methods``
     (baselines; :attr:`LoadedModel.methods` for a model with Clover-2 heads); with
     ``lookup`` the head methods carry the lookup branch."""

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from clover import SamplingConfig, TreeConfig, parse_tree_spec
-from clover.methods import ALL_METHODS, HEAD_METHODS, split_method, with_lookup
+from clover.methods import ALL_METHODS, HEAD_KINDS, split_method, with_lookup
 from clover.models import check_text
 
 MAX_NEW_TOKENS = 512
@@ -153,7 +153,7 @@ def parse_settings(prompt, method, temperature, max_new_tokens, tree, compare=Tr
                          f"takes up to {MAX_PROMPT_CHARS}")
     if method in ALL_METHODS and method.endswith("+lookup"):  # a full name, e.g. from the API
         method, lookup = split_method(method)[0], True
-    known = ("ar", "lookup", *HEAD_METHODS)
+    known = ("ar", "lookup", *HEAD_KINDS)
     if method not in known:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(known)}, or a "
                          f"head method with +lookup (e.g. clover+lookup)")

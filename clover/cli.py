@@ -9,7 +9,7 @@ import shlex
 import sys
 from dataclasses import asdict
 
-from clover.methods import ALL_METHODS, HEAD_METHODS, METHOD_LABELS, with_lookup
+from clover.methods import ALL_METHODS, HEAD_KINDS, METHOD_LABELS, with_lookup
 
 log = logging.getLogger("clover")
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     tx.add_argument("--device", default=None)
 
     t = sub.add_parser("train", help="train Medusa, Clover or Clover-2 heads with the target frozen")
-    t.add_argument("--method", choices=HEAD_METHODS, default=None)
+    t.add_argument("--method", choices=HEAD_KINDS, default=None)
     t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
     t.add_argument("--model", default=None, help="target (default: embedded model)")
     t.add_argument("--data", required=True,
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--lookup", action="store_true",
                    help="also run each listed head method with a prompt lookup branch")
     b.add_argument("--model", default=None, help="target (default: embedded model)")
-    for kind in HEAD_METHODS:  # --medusa-heads, --clover-heads, --clover2-heads
+    for kind in HEAD_KINDS:  # --medusa-heads, --clover-heads, --clover2-heads
         b.add_argument(f"--{kind}-heads", default=None, metavar="DIR",
                        help=f"{METHOD_LABELS[kind]} heads folder (default: shipped heads, fresh "
                             "ones for another model; required where none ship)")
@@ -213,8 +213,7 @@ def cmd_generate(args) -> int:
     tree = parse_tree_spec(args.tree)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)
-    target = load_target(args.model, device=args.device, dtype=args.dtype,
-                         cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    target = load_target(args.model, device=args.device, dtype=args.dtype)
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
     engine = engine_for(method, target, tree, args.heads, args.num_heads,
@@ -249,7 +248,7 @@ def cmd_data(args) -> int:
                      batch_size=args.batch_size, batch_tokens=args.batch_tokens, seed=args.seed,
                      max_prompts=args.max_prompts)
     prompts = args.prompts or _shipped_prompts("train.jsonl")
-    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    target = load_target(args.model, device=args.device)
     if not args.speed_check and not args.out:
         raise ValueError("give --out (the data folder) or --speed-check N")
     if args.speed_check:
@@ -280,7 +279,7 @@ def cmd_text_data(args) -> int:
         texts = unique_texts(texts + more)
         sources.update(licences)
     texts = texts[: args.max_texts]
-    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    target = load_target(args.model, device=args.device)
     n = build_text_dataset(target.tokenizer, texts, args.out, args.max_answer_tokens)
     print(json.dumps({"out": args.out, "records": n, "docstrings of (licence)": sources}))
     return 0
@@ -304,7 +303,7 @@ def cmd_prompts(args) -> int:
         else:
             from clover.models import load_target
 
-            target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+            target = load_target(args.model, device=args.device)
             magpie = magpie_prompts(target, args.magpie, seed=args.seed)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +337,7 @@ def cmd_train(args) -> int:
             raise ValueError("give --method or --preset")
         cfg = replace(TrainConfig(method=args.method),
                       **{k: v for k, v in overrides.items() if v is not None})
-    target = load_target(args.model, device=args.device, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    target = load_target(args.model, device=args.device)
     final = train(target, args.data, args.out, cfg, resume=not args.no_resume, hidden_cache=args.hidden_cache)
     print(json.dumps({"out": args.out, "heldout": final}))
     return 0
@@ -356,9 +355,9 @@ def bench_heads_dirs(args, methods) -> dict[str, str | None]:
     from clover.heads import shipped_heads_dir
     from clover.methods import split_method
 
-    dirs = {kind: getattr(args, f"{kind}_heads") for kind in HEAD_METHODS}
+    dirs = {kind: getattr(args, f"{kind}_heads") for kind in HEAD_KINDS}
     kinds = {split_method(m)[0] for m in methods if m in ALL_METHODS}
-    for kind in HEAD_METHODS:
+    for kind in HEAD_KINDS:
         if kind in kinds and dirs[kind] is None and shipped_heads_dir(kind) is None:
             raise ValueError(f"no {METHOD_LABELS[kind]} heads ship with the app: pass "
                              f"--{kind}-heads DIR (heads trained with `clover train --method "
@@ -403,7 +402,7 @@ def cmd_bench(args) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.lookup:
-        methods += [with_lookup(m) for m in methods if m in HEAD_METHODS
+        methods += [with_lookup(m) for m in methods if m in HEAD_KINDS
                     and with_lookup(m) not in methods]
     cfg = BenchConfig(methods=tuple(methods),
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -416,8 +415,7 @@ def cmd_bench(args) -> int:
     if not charts_available():  # said before the run, not after it
         print(f"note: {CHARTS_MISSING}", file=sys.stderr)
     warn_if_busy()
-    target = load_target(args.model, device=args.device, dtype=args.dtype,
-                         cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+    target = load_target(args.model, device=args.device, dtype=args.dtype)
 
     def build(batch_size: int, reuse: dict | None = None) -> dict:
         """The engine of every method, an "auto" tree and lookup cost curve sized for

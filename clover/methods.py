@@ -8,7 +8,7 @@ from __future__ import annotations
 ALL_METHODS = ("ar", "lookup", "medusa", "clover", "clover2", "medusa+lookup", "clover+lookup",
                "clover2+lookup")
 # the methods that decode with draft heads (clover.heads)
-HEAD_METHODS = ("medusa", "clover", "clover2")
+HEAD_KINDS = ("medusa", "clover", "clover2")
 METHOD_LABELS = {"ar": "Plain", "lookup": "Lookup", "medusa": "Medusa", "clover": "Clover",
                  "clover2": "Clover-2", "medusa+lookup": "Medusa + lookup",
                  "clover+lookup": "Clover + lookup", "clover2+lookup": "Clover-2 + lookup"}
@@ -21,7 +21,7 @@ METHOD_COLORS = {"ar": "#999999", "lookup": "#009E73", "medusa": "#E69F00", "clo
 def with_lookup(method: str, lookup: bool = True) -> str:
     """A head method with the lookup branch when ``lookup`` ("clover" ->
     "clover+lookup"); plain decoding, lookup alone and hybrids stay as they are."""
-    return f"{method}+lookup" if lookup and method in HEAD_METHODS else method
+    return f"{method}+lookup" if lookup and method in HEAD_KINDS else method
 
 
 def split_method(method: str) -> tuple[str | None, bool]:

@@ -6,7 +6,7 @@ import torch
 
 from clover import Engine, encode_prompt, new_heads, parse_tree_spec
 from clover.heads import heads_for
-from clover.methods import HEAD_METHODS
+from clover.methods import HEAD_KINDS
 from conftest import ScriptedHeads, oracle_tree_fn, perturb
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_heads_parity_on_embedded(embedded, references, kind, spec):
         assert_same_or_near_tie(embedded, ids, out.token_ids, ref)
 
 
-@pytest.mark.parametrize("kind", HEAD_METHODS)
+@pytest.mark.parametrize("kind", HEAD_KINDS)
 def test_default_heads_parity_on_embedded(embedded, references, kind):
     """The CLI's default heads (the shipped ones) keep greedy output."""
     engine = Engine(embedded, heads_for(kind, embedded)[0], parse_tree_spec("dynamic"))
@@ -94,7 +94,7 @@ def test_shipped_heads_fit_the_embedded_model_under_its_hub_name(embedded):
     from clover.heads import SHIPPED, heads_for
     from clover.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
 
-    for kind in HEAD_METHODS:  # every kind ships trained heads for the embedded model
+    for kind in HEAD_KINDS:  # every kind ships trained heads for the embedded model
         heads, source = heads_for(kind, embedded)
         assert source == SHIPPED and heads.config.target_fingerprint == embedded.fingerprint
     try:

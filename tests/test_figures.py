@@ -9,7 +9,7 @@ import pytest
 from app import figures, metrics
 from app.metrics import ACCEPTED, BONUS, CUT, REJECTED, ROOT
 from clover import Engine
-from clover.methods import ALL_METHODS
+from clover.methods import ALL_METHODS, METHOD_LABELS
 from clover.trace import StepTrace, TreeNode
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
 
@@ -262,7 +262,7 @@ def test_race_figure_replays_recorded_times():
 
 def test_every_method_has_a_style_and_a_name_and_races():
     assert set(figures.METHOD_STYLE) == set(ALL_METHODS)
-    assert set(metrics.METHOD_NAMES) >= set(ALL_METHODS)
+    assert set(METHOD_LABELS) >= set(ALL_METHODS)
     for cue in ("dash", "symbol", "color"):  # each method tells apart by line, marker and colour
         values = [figures.METHOD_STYLE[m][cue] for m in ALL_METHODS]
         assert len(set(values)) == len(values), cue

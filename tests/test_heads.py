@@ -249,15 +249,16 @@ def test_heads_for_names_where_heads_came_from(tmp_path):
     from clover.heads import UNTRAINED, heads_for
 
     target = tiny_llama_target()
-    assert heads_for("ar", target) == (None, "")
+    assert heads_for(None, target) == (None, "")
     heads, source = heads_for("clover", target)  # no shipped heads fit a tiny model
     assert source == UNTRAINED and heads.config.kind == "clover"
     heads.save_pretrained(tmp_path / "c")
     assert heads_for("clover", target, tmp_path / "c")[1] == f"loaded from {tmp_path / 'c'}"
     with pytest.raises(ValueError, match="holds clover heads, not medusa"):
         heads_for("medusa", target, tmp_path / "c")
-    with pytest.raises(ValueError, match="unknown method"):
-        heads_for("eagle", target)
+    for wrong in ("eagle", "ar"):  # head kinds only: plain decoding has none (None)
+        with pytest.raises(ValueError, match="unknown head kind"):
+            heads_for(wrong, target)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])

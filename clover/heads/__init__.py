@@ -4,16 +4,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from clover.heads.base import (CONFIG_FILE, HEAD_KINDS, DraftHeads, Drafter, HeadConfig, PlainDrafter,
-                               check_fits, draft_rows, fingerprint_matches)
+from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits,
+                               draft_rows, fingerprint_matches)
 from clover.heads.clover import CloverHeads
 from clover.heads.clover2 import Clover2Heads
 from clover.heads.medusa import MedusaHeads
+from clover.methods import HEAD_KINDS
 
 log = logging.getLogger(__name__)
-
-METHODS = ("ar", *HEAD_KINDS)  # what heads_for accepts: plain decoding or a head kind
-
 
 def new_heads(kind: str, target, num_heads: int = 3, draft_vocab=None, **config) -> DraftHeads:
     """Freshly initialised heads of ``kind`` sized for ``target`` (they run, guessing badly).
@@ -45,7 +43,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
-           "METHODS", "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
+           "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
            "shipped_heads_dir", "shipped_heads_for", "find_heads", "draft_rows"]
 
 
@@ -99,9 +97,9 @@ SHIPPED = "trained, shipped with the app"
 UNTRAINED = "untrained (freshly initialised)"
 
 
-def heads_for(method: str, target, heads_dir: str | Path | None = None,
+def heads_for(kind: str | None, target, heads_dir: str | Path | None = None,
               num_heads: int = 3) -> tuple[DraftHeads | None, str]:
-    """The heads that ``method`` decodes ``target`` with, and where they came from.
+    """The draft heads of ``kind`` to decode ``target`` with, and where they came from.
 
     One decision for the CLI, the app, the bench and the notebooks: heads from
     ``heads_dir`` when given; else the heads shipped in ``assets/heads/`` when they were
@@ -110,31 +108,32 @@ def heads_for(method: str, target, heads_dir: str | Path | None = None,
     with a warning.
 
     Args:
-        method: "ar" (returns ``(None, "")``), "medusa", "clover" or "clover2".
+        kind: a head kind (:data:`clover.methods.HEAD_KINDS`: "medusa", "clover",
+            "clover2"), or None for plain decoding (returns ``(None, "")``).
         heads_dir: a folder holding heads saved with ``save_pretrained``.
     Returns:
         (heads or None, provenance): "loaded from DIR", "trained, shipped with the app"
         (plus "(trained on the embedded GGUF copy)" when the target was loaded otherwise),
         or "untrained (freshly initialised)".
     Raises:
-        ValueError: unknown method; heads of another kind in ``heads_dir``; heads that were
+        ValueError: unknown kind; heads of another kind in ``heads_dir``; heads that were
             made for another model (:func:`check_fits`).
         FileNotFoundError: ``heads_dir`` holds no heads.
     """
-    if method == "ar":
+    if kind is None:
         return None, ""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}; use one of {', '.join(HEAD_KINDS)}")
     if heads_dir is not None:
         heads = load_heads(heads_dir, target)
-        if heads.config.kind != method:
-            raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {method}")
+        if heads.config.kind != kind:
+            raise ValueError(f"{heads_dir} holds {heads.config.kind} heads, not {kind}")
         return heads, f"loaded from {heads_dir}"
-    shipped = shipped_heads_for(method, target)
+    shipped = shipped_heads_for(kind, target)
     if shipped is not None:
         cfg = DraftHeads.read_config(shipped)
         source = SHIPPED if target.name == cfg.target else f"{SHIPPED} (trained on the embedded GGUF copy)"
         return load_heads(shipped, target), source
     log.warning("no trained %s heads for %s: using freshly initialised heads "
-                "(they guess badly, so expect little speedup)", method, target.name)
-    return new_heads(method, target, num_heads=num_heads), UNTRAINED
+                "(they guess badly, so expect little speedup)", kind, target.name)
+    return new_heads(kind, target, num_heads=num_heads), UNTRAINED

@@ -29,16 +29,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from clover.methods import HEAD_METHODS
+from clover.methods import HEAD_KINDS
 from clover.tree import Tree, TreeConfig, grow_trees, root_only
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# every kind of draft heads: the head methods' names (clover.methods); the classes are
-# picked in ``clover.heads``
-HEAD_KINDS = HEAD_METHODS
 # Augmenting Block layers per kind when a config leaves ``augment_layers`` at 0
 DEFAULT_AUGMENT_LAYERS = {"clover": 1, "clover2": 2}
 

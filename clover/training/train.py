@@ -42,7 +42,7 @@ from torch import nn
 from clover.training.data import collate, read_records
 from clover.training.hidden_cache import HiddenCache, target_hidden
 from clover.heads import DraftHeads, load_heads, new_heads
-from clover.heads.base import HEAD_KINDS
+from clover.methods import HEAD_KINDS
 
 log = logging.getLogger(__name__)
 
