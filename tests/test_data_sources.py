@@ -272,3 +272,16 @@ def test_text_data_command_reports_sources_and_refuses_a_licence(tiny_dir, tmp_p
     monkeypatch.setattr(prompts, "package_licence", lambda name: "GPL-3.0-only")
     assert main(argv + ["--packages", "safetensors"]) == 2
     assert "GPL-3.0-only" in capsys.readouterr().err
+
+
+def test_the_shipped_prompt_files_are_what_build_prompts_writes():
+    """scripts/build_prompts.py --check rebuilds train.jsonl and heldout.jsonl in memory
+    (deterministic, standard library only) and compares them with assets/prompts/."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_prompts.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "files are up to date" in done.stdout, done.stdout + done.stderr

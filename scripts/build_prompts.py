@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build Clover Studio's own prompt sets (standard library only, deterministic).
 
-Writes, next to this file:
+Writes, into ``assets/prompts/``:
 
 * ``train.jsonl``   - prompts used ONLY to self-distil training data for draft heads
 * ``heldout.jsonl`` - prompts used ONLY for benchmarking (acceptance length, speed-up)
@@ -24,8 +24,8 @@ Train and held-out prompts are kept apart by construction:
 
 Usage::
 
-    python assets/prompts/build_prompts.py            # write both files, print a summary
-    python assets/prompts/build_prompts.py --check    # regenerate in memory, compare to files
+    python scripts/build_prompts.py            # write both files, print a summary
+    python scripts/build_prompts.py --check    # regenerate in memory, compare to files
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 SEED = 20241130
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "assets" / "prompts"  # where the files live
 CATEGORIES = ["multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag", "code"]
 TRAIN_PER_CATEGORY = 430          # 7 x 430 = 3010 prompts
 HELDOUT_PER_CATEGORY = 20         # 7 x 20  = 140 prompts
