@@ -6,6 +6,7 @@ with ``CLOVER_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py -k tree
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,8 +107,15 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page.wait_for_function("document.querySelector('#status').innerText.includes('Clover · step')",
                            timeout=240_000, polling=50)
     first_step_s = time.monotonic() - t0
-    print(f"first step of the watched method drawn {first_step_s:.2f} s after Run")
-    assert first_step_s < 2.0, first_step_s
+    first_status = page.inner_text("#status")
+    print(f"first step of the watched method drawn {first_step_s:.2f} s after Run: {first_status!r}")
+    # what is asserted is the order, not a wall time (that depends on the machine; the
+    # figure on an idle one is in docs/benchmarks.md): the watched method's first step is
+    # drawn while no other method has finished, each at most one step ahead of nothing
+    step = int(re.search(r"Clover · step (\d+)", first_status).group(1))
+    assert step <= 2, first_status
+    assert "✓" not in first_status, first_status
+    assert first_step_s < 15.0, first_step_s  # no calibration or model loading after Run
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=60_000)
     page.locator("#tree-plot").screenshot(path=str(tmp_path / "tree-live.png"))
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
