@@ -28,19 +28,23 @@ import torch
 from torch import nn
 
 from clover.kernels.attention import use_gqa_sdpa
-from clover.kernels.linear import choose_layout, few_row_linear, use_few_row_linears
+from clover.kernels.linear import LINEAR_LAYOUTS, few_row_linear, set_layout, use_few_row_linears
 
 log = logging.getLogger(__name__)
 
-CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0" turns the CPU kernels off
+CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0": off; "few-row" / "plain": on, that linear layout
 
 
-def cpu_kernels_wanted(model: nn.Module) -> bool:
-    """The default of :class:`TargetModel`'s ``cpu_kernels`` switch: on for a model on
-    the CPU, unless the environment sets ``CLOVER_CPU_KERNELS=0``."""
-    on = os.environ.get(CPU_KERNELS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+def cpu_kernels_wanted(model: nn.Module) -> tuple[bool, str]:
+    """The defaults of :class:`TargetModel`'s ``cpu_kernels`` and ``linear_layout``: on
+    for a model on the CPU, in the layout measured faster ("auto"), unless the
+    environment's ``CLOVER_CPU_KERNELS`` says "0" (off) or names a layout ("few-row",
+    "plain"; the test suite names one, so its code paths do not depend on the machine)."""
+    value = os.environ.get(CPU_KERNELS_ENV, "auto").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False, "auto"
     params = next(model.parameters(), None)
-    return on and (params is None or params.device.type == "cpu")
+    return (params is None or params.device.type == "cpu"), (value if value in LINEAR_LAYOUTS else "auto")
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -135,22 +139,34 @@ class TargetModel:
         hidden_size (D), vocab_size (V), max_context (positions).
         eos_token_ids: ids that end generation.
 
-    The CPU kernels are switched here, once, at load time (``cpu_kernels``; default
-    :func:`cpu_kernels_wanted`: on for a CPU model unless ``CLOVER_CPU_KERNELS=0``). When
+    The CPU kernels are switched here, once, at load time (``cpu_kernels`` and
+    ``linear_layout``; defaults from :func:`cpu_kernels_wanted`: on for a CPU model,
+    "auto", unless ``CLOVER_CPU_KERNELS`` says otherwise). When
     on, the wrapped model is changed in place for speed without changing what it
     computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
-    layout :func:`clover.kernels.linear.choose_layout` measured faster here) and, with
+    layout ``linear_layout`` names: "few-row", "plain", or by default "auto", the one
+    :func:`clover.kernels.linear.choose_layout` measures faster here) and, with
     grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
     (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
     the same linear layers.
+
+    Raises:
+        ValueError: ``linear_layout`` is not one of
+            :data:`clover.kernels.linear.LINEAR_LAYOUTS`.
     """
 
-    def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None):
+    def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None,
+                 linear_layout: str | None = None):
+        wanted, layout = cpu_kernels_wanted(model)
+        linear_layout = linear_layout or layout
+        if linear_layout not in LINEAR_LAYOUTS:
+            raise ValueError(f"unknown linear layout {linear_layout!r}; "
+                             f"choose one of {', '.join(LINEAR_LAYOUTS)}")
         self.model = model.eval().requires_grad_(False)
-        self.cpu_kernels = cpu_kernels_wanted(model) if cpu_kernels is None else bool(cpu_kernels)
-        self.few_row_linears = None  # which linear layout is faster here (None: not used)
+        self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
+        self.few_row_linears = None  # the linear layout in use (None: the kernels are not used)
         if self.cpu_kernels:
-            self.few_row_linears = choose_layout(use_few_row_linears(self.model))
+            self.few_row_linears = set_layout(use_few_row_linears(self.model), linear_layout)
             use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name

@@ -15,9 +15,9 @@ os.environ.setdefault("CLOVER_NOTEBOOK_FAST", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Notebooks load the embedded model: mark them slow (``-m "not slow"`` skips them)."""
+    """Notebooks load the embedded model: mark them so (``-m "not model"`` skips them)."""
     import pytest
 
     for item in items:
         if str(item.fspath).endswith(".ipynb"):
-            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.model)

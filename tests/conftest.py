@@ -15,6 +15,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # never reads or writes the user's ~/.cache/clover-studio. Subprocesses inherit it.
 # CLOVER_TEST_CACHE_DIR names a folder to reuse between runs (saves the model conversion).
 USER_CACHE_DIR = os.environ.get("CLOVER_CACHE_DIR")
+# The CPU kernels' linear layout is named, not timed at load: every machine runs the same
+# code paths (the project's own few-row kernel; tests/test_cpu_linear.py checks both
+# layouts against each other). Subprocesses inherit it.
+os.environ.setdefault("CLOVER_CPU_KERNELS", "few-row")
 os.environ["CLOVER_CACHE_DIR"] = (os.environ.get("CLOVER_TEST_CACHE_DIR")
                                   or tempfile.mkdtemp(prefix="clover-test-cache-"))
 
@@ -315,3 +319,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# What a test needs, read from the fixtures it uses (directly or through other fixtures);
+# tests that start the model or a script in a subprocess carry the mark themselves.
+FIXTURE_MARKS = {"embedded": "model", "browser": "browser", "space_venv": "install"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, mark in FIXTURE_MARKS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, mark))

@@ -16,7 +16,6 @@ from app.ui import build_demo
 from clover import Engine, encode_prompt
 from conftest import BATCH_SWEEP, ScriptedHeads, oracle_tree_fn, serve, tiny_model, tiny_tokenizer
 
-pytestmark = pytest.mark.slow
 
 PROMPT = "Name three colours of the rainbow."
 N = 20
@@ -276,6 +275,7 @@ def test_visitors_get_their_own_runs_never_at_once(app_url, embedded, monkeypatc
         assert "Done" in out[STATUS]
 
 
+@pytest.mark.timing
 def test_cancel_stops_decoding_promptly(app_url, monkeypatch):
     _, client = app_url
     active = []  # engine runs not yet closed
@@ -302,6 +302,7 @@ def test_cancel_stops_decoding_promptly(app_url, monkeypatch):
     assert time.time() - t0 < 5
 
 
+@pytest.mark.timing
 def test_app_answers_within_a_minute_on_a_busy_machine(embedded, tmp_path):
     """`python app.py` on a machine kept busy by two CPU hogs answers on its port within
     60 s: the auto tree is sized in the background (here with no stored calibration)."""

@@ -199,7 +199,7 @@ def test_no_notebook_finds_files_through_the_working_directory(tmp_path, monkeyp
         data_dir()
 
 
-@pytest.mark.slow
+@pytest.mark.model  # in the notebook's kernel
 def test_notebook_02_runs_from_another_directory(tmp_path, monkeypatch):
     """Notebook 02 (it reads the training conversations) executed with its kernel started
     in an unrelated folder, in the test suite's fast mode."""

@@ -494,6 +494,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.install
 def test_the_core_install_runs_the_bench_without_charts(tiny_dir, prompts, tmp_path):
     """With the core install only (no Plotly), `clover bench` says up front that
     charts.html is not written, then writes results.json and results.md and exits 0;

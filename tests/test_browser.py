@@ -20,7 +20,6 @@ from app.ui import build_demo
 from clover import TreeConfig
 from conftest import serve
 
-pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -370,6 +369,7 @@ def cpu_hogs(n: int = 2) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+@pytest.mark.timing
 def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, browser, tmp_path,
                                                            monkeypatch):
     """Two CPU-bound processes beside the app, started with an empty cache: the app

@@ -78,10 +78,12 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
 
 
-def test_one_switch_for_the_cpu_kernels(monkeypatch):
+@pytest.mark.parametrize("layout", ["few-row", "plain"])
+def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
     """TargetModel switches the CPU kernels once, at load time (on by default on a CPU,
-    off with CLOVER_CPU_KERNELS=0 or cpu_kernels=False); heads built for a target take its
-    choice and its measured layout, and both settings compute the same logits."""
+    off with CLOVER_CPU_KERNELS=0 or cpu_kernels=False; the linear layout named or timed);
+    heads built for a target take its choice and its layout, and both settings compute
+    the same logits, in either layout."""
     from conftest import tiny_model, tiny_tokenizer
 
     from clover import Engine, new_heads, parse_tree_spec
@@ -90,10 +92,16 @@ def test_one_switch_for_the_cpu_kernels(monkeypatch):
     def target(**kw):
         return TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama", **kw)
 
-    on, off = target(), target(cpu_kernels=False)
+    on, off = target(linear_layout=layout), target(cpu_kernels=False)
+    assert on.few_row_linears is (layout == "few-row")
     monkeypatch.setenv("CLOVER_CPU_KERNELS", "0")
     assert not target().cpu_kernels
-    monkeypatch.delenv("CLOVER_CPU_KERNELS")
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", layout)
+    assert target().few_row_linears is (layout == "few-row")
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "auto")
+    assert target().few_row_linears in (True, False)  # timed here
+    with pytest.raises(ValueError, match="unknown linear layout 'fast'"):
+        target(linear_layout="fast")
     assert on.cpu_kernels and not off.cpu_kernels and off.few_row_linears is None
     assert any(type(m) is FewRowLinear for m in on.model.modules())
     assert not any(isinstance(m, FewRowLinear) for m in off.model.modules())

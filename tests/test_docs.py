@@ -76,7 +76,7 @@ def test_readme_cli_table_names_every_subcommand():
     assert _readme_commands(), "the README shows no clover command"
 
 
-@pytest.mark.slow
+@pytest.mark.model  # in a subprocess
 def test_readme_cli_examples_run_as_written():
     """Each `clover generate` example of the README runs (with a tiny token count) and
     prints text; every other shown command at least parses (--help)."""

@@ -9,7 +9,6 @@ from clover.heads import heads_for
 from clover.methods import HEAD_KINDS
 from conftest import ScriptedHeads, oracle_tree_fn, perturb
 
-pytestmark = pytest.mark.slow
 
 PROMPTS = [
     "What is the capital of France?",

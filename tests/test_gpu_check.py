@@ -7,9 +7,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.install
 def test_gpu_check_dry_run_writes_its_results(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

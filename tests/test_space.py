@@ -22,7 +22,6 @@ import pytest
 from test_browser import browser  # noqa: F401  (the fixture)
 from test_browser import shot, start_run
 
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_COMMIT = "0" * 40  # the seeded snapshot's name; refs/main points at it

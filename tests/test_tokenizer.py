@@ -48,7 +48,6 @@ def test_smollm_pre_tokenizer_splits_digits_first():
     assert gguf_pre_tokenizer("llama-bpe") is None
 
 
-@pytest.mark.slow
 def test_embedded_tokenizer_matches_smollm2_rule(embedded):
     tok = embedded.tokenizer
     ref = reference_tokenizer(tok.backend_tokenizer)

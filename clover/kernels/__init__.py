@@ -6,5 +6,7 @@
   materialising the repeated KV heads.
 
 Only :mod:`clover.models` installs them, behind one load-time switch
-(``TargetModel(cpu_kernels=...)``, ``CLOVER_CPU_KERNELS=0`` turns them off).
+(``TargetModel(cpu_kernels=..., linear_layout=...)``; ``CLOVER_CPU_KERNELS=0`` turns them
+off, ``CLOVER_CPU_KERNELS=few-row`` or ``plain`` names the linear layout instead of timing
+both).
 """

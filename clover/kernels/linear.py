@@ -79,6 +79,31 @@ def use_few_row_linears(module: nn.Module) -> nn.Module:
     return module
 
 
+LINEAR_LAYOUTS = ("auto", "few-row", "plain")  # TargetModel(linear_layout=...)
+
+
+def set_layout(module: nn.Module, layout: str) -> bool | None:
+    """Give the module's :class:`FewRowLinear` layers a layout: "few-row"
+    (:func:`few_row_linear`), "plain" (``F.linear``) or "auto" (the faster one here,
+    timed by :func:`choose_layout`). Tests name the layout, so which code path they run
+    does not depend on the machine.
+
+    Returns:
+        True for the few-row layout, False for ``F.linear``, None when the module has no
+        such layers (or, for "auto", nothing to time).
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout not in LINEAR_LAYOUTS:
+        raise ValueError(f"unknown linear layout {layout!r}; choose one of {', '.join(LINEAR_LAYOUTS)}")
+    if layout == "auto":
+        return choose_layout(module)
+    linears = [m for m in module.modules() if isinstance(m, FewRowLinear)]
+    for m in linears:
+        m.few_rows = layout == "few-row"
+    return (layout == "few-row") if linears else None
+
+
 def choose_layout(module: nn.Module, rows=(1, 4), repeats: int = 3) -> bool | None:
     """Time the module's :class:`FewRowLinear` layers both ways on their own weights
     (every layer once per pass, so the weights stream from memory as in a forward; the
