@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
+import re
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 
 from clover.methods import ALL_METHODS, HEAD_KINDS, METHOD_LABELS, with_lookup
+from clover.training.config import CHOICES, TrainConfig
 
 log = logging.getLogger("clover")
 
@@ -27,6 +30,44 @@ def _positive_int(text: str) -> int:
 RECALIBRATE_HELP = ("measure the auto tree again: the measured budget is kept in "
                     "~/.cache/clover-studio/autotree.json ($CLOVER_CACHE_DIR), keyed by target, "
                     "heads, device, dtype, threads and library versions, and reused")
+
+
+def attribute_help(doc: str) -> dict[str, str]:
+    """Each attribute's text in a Google-style ``Attributes:`` section, by name ("a / b:
+    text" gives the text to both), on one line."""
+    out: dict[str, str] = {}
+    names: list[str] = []
+    text: list[str] = []
+    for line in inspect.cleandoc(doc).split("Attributes:", 1)[-1].splitlines():
+        entry = re.match(r"^ {4}(\w+(?: / \w+)*): (.*)", line)
+        if entry or not line.strip():
+            out.update({n: " ".join(text) for n in names})
+            names, text = (entry.group(1).split(" / "), [entry.group(2)]) if entry else ([], [])
+        elif names:
+            text.append(line.strip())
+    out.update({n: " ".join(text) for n in names})
+    return out
+
+
+def _config_options(parser: argparse.ArgumentParser, config, skip: tuple[str, ...] = ()) -> None:
+    """One option per field of the dataclass ``config`` (``--num-heads`` for
+    ``num_heads``), typed by its default, with :data:`clover.training.config.CHOICES`
+    and its docstring's text as the help; a bool field is a switch away from its
+    default (``--keep-evals``, ``--no-shared-recurrence``). Each option's default is None:
+    "not given", so a preset's value stands."""
+    helps = attribute_help(config.__doc__ or "")
+    for f in fields(config):
+        if f.name in skip:
+            continue
+        flag = f.name.replace("_", "-")
+        text = helps.get(f.name, "").replace("%", "%%")
+        default = f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            parser.add_argument(f"--{'no-' if default else ''}{flag}", dest=f.name, action="store_const",
+                                const=not default, default=None, help=text)
+        else:
+            parser.add_argument(f"--{flag}", type=type(default), choices=CHOICES.get(f.name), default=None,
+                                help=f"{text} (default {default})" if text else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,29 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train Medusa, Clover or Clover-2 heads with the target frozen")
     t.add_argument("--method", choices=HEAD_KINDS, default=None)
-    t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover")
+    t.add_argument("--preset", default=None, help="named settings, e.g. smollm2-clover; the options below override its values")
     t.add_argument("--model", default=None, help="target (default: embedded model)")
     t.add_argument("--data", required=True,
                    help="folder written by `clover data`, or several separated by commas")
     t.add_argument("--out", required=True, help="heads folder (checkpoints in OUT/checkpoint)")
-    for name, typ in (("num-heads", int), ("steps", int), ("batch-size", int), ("positions", int),
-                      ("lr", float), ("decay", float), ("hidden-weight", float),
-                      ("eval-every", int), ("save-every", int), ("seed", int), ("draft-vocab", int),
-                      ("max-conversations", int), ("weight-decay", float), ("dropout", float),
-                      ("feature-noise", float), ("topk-weight", float), ("topk", int),
-                      ("max-len", int), ("warmup", int), ("eval-conversations", int)):
-        t.add_argument(f"--{name}", type=typ, default=None)
-    t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None)
-    t.add_argument("--select", choices=("chain", "last"), default=None,
-                   help="final heads: best held-out chain acceptance (default) or the last step")
-    t.add_argument("--no-shared-recurrence", dest="shared_recurrence", action="store_const", const=False,
-                   default=None, help="Clover-2 ablation: heads 2..K each get their own recurrent "
-                                      "projector instead of sharing one")
-    t.add_argument("--keep-evals", action="store_const", const=True, default=None,
-                   help="also save the heads of every evaluation to OUT/steps/STEP (a compute curve "
-                        "from one run)")
-    t.add_argument("--schedule", choices=("cosine", "constant"), default=None,
-                   help="learning rate after warm-up: cosine to 10%% of lr over the run, or constant")
+    _config_options(t, TrainConfig, skip=("method",))
     t.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     t.add_argument("--hidden-cache", default=None,
                    help="safetensors file for the target's hidden states: computed once up front, "
@@ -319,15 +343,10 @@ def cmd_train(args) -> int:
     from dataclasses import replace
 
     from clover.models import load_target
-    from clover.training.train import TrainConfig, preset, train
+    from clover.training.config import preset
+    from clover.training.train import train
 
-    overrides = {k: getattr(args, k) for k in ("num_heads", "steps", "batch_size", "positions", "lr",
-                                               "decay", "hidden_weight", "eval_every", "save_every",
-                                               "seed", "mixed_precision", "draft_vocab",
-                                               "max_conversations", "weight_decay", "dropout",
-                                               "feature_noise", "topk_weight", "topk", "max_len",
-                                               "eval_conversations", "shared_recurrence",
-                                               "warmup", "select", "keep_evals", "schedule")}
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "method"}
     if args.preset:
         cfg = preset(args.preset, **overrides)
         if args.method and args.method != cfg.method:

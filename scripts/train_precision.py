@@ -37,9 +37,10 @@ def main(argv=None) -> int:
 
     from clover import load_target
     from clover.heads import new_heads
+    from clover.training.config import TrainConfig
     from clover.training.data import collate
     from clover.training.hidden_cache import HiddenCache
-    from clover.training.train import (TrainConfig, batch_loss, evaluate, frequent_tokens, load_split,
+    from clover.training.train import (batch_loss, evaluate, frequent_tokens, load_split,
                                        lr_lambda)
 
     torch.set_num_threads(args.threads)

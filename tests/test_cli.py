@@ -43,7 +43,6 @@ def test_unknown_method_and_bad_numbers(capsys):
     assert "must be > 0" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_generate_clover_json_on_embedded(embedded, capsys):
     rc = main(["generate", "--method", "clover", "--prompt", "Name a color.",
                "--max-new-tokens", "12", "--json"])
@@ -96,3 +95,37 @@ def test_generate_with_clover2_heads_from_a_folder(tiny_dir, tmp_path, capsys):
     rc = main(["generate", "--method", "clover", "--heads", str(heads_dir)] + common)
     err = capsys.readouterr().err
     assert rc == 2 and "holds clover2 heads, not clover" in err and "Traceback" not in err
+
+
+def test_train_options_are_the_config_fields(monkeypatch):
+    """`clover train` has one option per TrainConfig field, with the attribute's docstring
+    text as its help, and every given value reaches the config; an option not given
+    leaves the preset's value."""
+    from dataclasses import fields
+
+    import clover.cli as cli
+    import clover.training.train as train_module
+    from clover.training.config import CHOICES, TrainConfig, preset
+
+    parser = cli.build_parser()
+    train_parser = next(a for a in parser._subparsers._group_actions[0].choices.values()
+                        if a.prog.endswith("train"))
+    options = {a.dest: a for a in train_parser._actions}
+    for f in fields(TrainConfig):
+        if f.name == "method":
+            continue
+        assert f.name in options, f.name
+        assert options[f.name].default is None and options[f.name].help, f.name
+        if f.name in CHOICES:
+            assert tuple(options[f.name].choices) == CHOICES[f.name]
+    seen = {}
+    monkeypatch.setattr("clover.models.load_target", lambda *a, **k: None)
+    monkeypatch.setattr(train_module, "train", lambda target, data, out, cfg, **kw: seen.update(cfg=cfg) or {})
+    assert main(["train", "--preset", "smollm2-clover", "--data", "d", "--out", "o", "--steps", "7",
+                 "--lr", "0.5", "--schedule", "constant", "--keep-evals", "--heldout-percent", "9"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.steps, cfg.lr, cfg.schedule, cfg.keep_evals, cfg.heldout_percent) == (7, 0.5, "constant", True, 9)
+    assert cfg.batch_size == preset("smollm2-clover").batch_size and cfg.method == "clover"
+    seen.clear()
+    assert main(["train", "--method", "clover2", "--no-shared-recurrence", "--data", "d", "--out", "o"]) == 0
+    assert seen["cfg"].shared_recurrence is False and seen["cfg"].steps == TrainConfig().steps

@@ -223,7 +223,8 @@ def test_stdlib_docs_reads_public_docstrings_without_importing(tmp_path):
 
 def test_text_records_are_labelled_by_the_forward_pass(tmp_path):
     from clover.training.data import build_text_dataset
-    from clover.training.train import TrainConfig, load_split
+    from clover.training.config import TrainConfig
+    from clover.training.train import load_split
     from conftest import tiny_target
 
     target = tiny_target("llama", eos=1)

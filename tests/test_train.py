@@ -9,7 +9,8 @@ import torch
 
 from clover import load_heads
 from clover.training.data import DataConfig, build_dataset, read_prompts, read_records
-from clover.training.train import TrainConfig, evaluate, load_split, preset, train
+from clover.training.config import TrainConfig, preset
+from clover.training.train import evaluate, load_split, train
 from conftest import tiny_target
 
 

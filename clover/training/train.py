@@ -32,7 +32,7 @@ import math
 import random
 import time
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -42,127 +42,9 @@ from torch import nn
 from clover.training.data import collate, read_records
 from clover.training.hidden_cache import HiddenCache, target_hidden
 from clover.heads import DraftHeads, load_heads, new_heads
-from clover.methods import HEAD_KINDS
+from clover.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Head training settings.
-
-    Attributes:
-        method: "medusa", "clover" or "clover2".
-        num_heads: K.
-        steps: optimiser steps.
-        batch_size: conversations per step.
-        positions: answer positions sampled per conversation per step (0 = all).
-        max_len: conversations are cut to this many tokens.
-        lr / weight_decay / warmup: AdamW settings; warmup in steps.
-        schedule: "cosine" (to 10% of lr) or "constant" after warmup.
-        decay: loss weight of head k is decay**(k-1).
-        hidden_weight: weight of the hidden-state regression term (Clover-2: the
-            heads' output regressed onto the target's normed state, SmoothL1); 0 = off.
-        eval_every / save_every: in steps (0 = only at the end).
-        eval_conversations: held-out conversations per evaluation.
-        heldout_percent: share of question ids (by hash) kept for evaluation.
-        seed: seeds sampling of batches and positions and head initialisation.
-        mixed_precision: accelerate's "no", "bf16" or "fp16" ("bf16" also on a CPU with
-            AVX-512 BF16, where scripts/train_precision.py measures it; "fp16" GPU only).
-        draft_vocab: V', draft only among the V' tokens most frequent in the training
-            answers (0 = the whole vocabulary); see ``HeadConfig.draft_vocab_size``.
-        max_conversations: use only the first N conversations of the data folder, in
-            file order, before the held-out split (0 = all); reproduces heads trained
-            before the folder grew.
-        dropout: dropout on the target features the heads read (training only).
-        feature_noise: Gaussian noise on those features, std as a fraction of each
-            vector's RMS (training only; EAGLE's feature noise, arXiv 2401.15077 §4).
-        topk_weight / topk: HASS's top-K distillation term (arXiv 2408.15766 §3.2):
-            cross-entropy against the target's distribution renormalised over its K most
-            likely tokens, weighted by ``topk_weight`` (0 = off); it stresses the ranking
-            among the tokens a tree drafts.
-        shared_recurrence: Clover-2 only; False gives heads 2..K their own recurrent
-            projectors (the ablation of the design's weight sharing, see
-            ``HeadConfig.shared_recurrence``).
-        select: "chain" keeps the checkpoint with the best held-out chain acceptance
-            (expected tokens per step of a greedy chain of the heads' top-1 drafts, see
-            :func:`evaluate`), "last" the final one.
-        keep_evals: also save the heads of every evaluation to ``OUT/steps/<step>``, so
-            one long run yields the points of a compute curve (each scored later on
-            Spec-Bench by ``scripts/heads_eval.py``).
-    """
-
-    method: str = "clover"
-    num_heads: int = 3
-    steps: int = 1000
-    batch_size: int = 8
-    positions: int = 64
-    max_len: int = 768
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup: int = 30
-    schedule: str = "cosine"
-    decay: float = 0.8
-    hidden_weight: float = 0.0
-    eval_every: int = 100
-    save_every: int = 100
-    eval_conversations: int = 48
-    heldout_percent: int = 4
-    seed: int = 0
-    mixed_precision: str = "no"
-    draft_vocab: int = 0
-    max_conversations: int = 0
-    dropout: float = 0.0
-    feature_noise: float = 0.0
-    topk_weight: float = 0.0
-    topk: int = 10
-    shared_recurrence: bool = True
-    select: str = "chain"
-    keep_evals: bool = False
-
-    def __post_init__(self):
-        if self.method not in HEAD_KINDS:
-            raise ValueError(f"method must be one of {', '.join(HEAD_KINDS)}, got {self.method!r}")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"schedule must be cosine or constant, got {self.schedule!r}")
-        for name in ("num_heads", "steps", "batch_size", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if not 0 < self.decay <= 1 or self.lr <= 0:
-            raise ValueError("decay must be in (0, 1] and lr > 0")
-        if self.draft_vocab < 0 or self.max_conversations < 0:
-            raise ValueError("draft_vocab and max_conversations must be >= 0")
-        if not 0 <= self.heldout_percent < 100:
-            raise ValueError("heldout_percent must be in [0, 100)")
-        if not 0 <= self.dropout < 1 or self.feature_noise < 0 or self.weight_decay < 0:
-            raise ValueError("dropout must be in [0, 1); feature_noise and weight_decay >= 0")
-        if self.topk_weight < 0 or self.topk < 1:
-            raise ValueError("topk_weight must be >= 0 and topk >= 1")
-        if not self.shared_recurrence and self.method != "clover2":
-            raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.method} has no recurrence")
-        if self.select not in ("chain", "last"):
-            raise ValueError(f"select must be chain or last, got {self.select!r}")
-
-
-# Named presets, found by exact key. Medusa, Clover and Clover-2 share data, steps and
-# budget; Clover-2 takes its reference recipe's decay 0.7 (scripts/heads_pipeline.sh
-# overrides it with the queue's common 0.8, so that all three compare like for like) and
-# regression weight 10
-# (CLOVER2.md §2.3) but K = 3 heads, like the other two, not the reference's 5: measured
-# on Spec-Bench at a 10-node budget (runs/bench-v2-sb-b10) the shipped Clover heads reach
-# depth 3 in 6% of the steps that draft it (Medusa 2.6%), so a 4th and 5th head would
-# add under 0.02 tokens per step on this CPU while costing 2/3 more training time.
-PRESETS: dict[str, TrainConfig] = {
-    "smollm2-medusa": TrainConfig(method="medusa", steps=3000, batch_size=8, positions=64,
-                                  draft_vocab=8192, eval_every=250, save_every=100,
-                                  eval_conversations=32),
-    "smollm2-clover": TrainConfig(method="clover", steps=3000, batch_size=8, positions=64,
-                                  draft_vocab=8192, eval_every=250, save_every=100,
-                                  eval_conversations=32),
-    "smollm2-clover2": TrainConfig(method="clover2", num_heads=3, steps=3000, batch_size=8,
-                                   positions=64, draft_vocab=8192, eval_every=250, save_every=100,
-                                   eval_conversations=32, decay=0.7, hidden_weight=10.0),
-}
 
 
 def is_heldout(question_id, percent: int) -> bool:
@@ -496,14 +378,3 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
          "heldout_conversations": len(held), "selected": best if cfg.select == "chain" else None,
          "evals": state["evals"]}, indent=1) + "\n")
     return final
-
-
-def preset(name: str, **overrides) -> TrainConfig:
-    """A named TrainConfig (exact key) with optional field overrides.
-
-    Raises:
-        ValueError: for an unknown name.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})

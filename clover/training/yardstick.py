@@ -71,7 +71,8 @@ def train_heldout_records(target, data: str | None = None, n: int = 48) -> list[
     heads' folders under :func:`clover.assets.data_dir`), as training selects checkpoints
     on them (default split and ``max_len``)."""
     from clover.assets import data_dir
-    from clover.training.train import TrainConfig, load_split
+    from clover.training.config import TrainConfig
+    from clover.training.train import load_split
 
     data = data or ",".join(str(data_dir() / f) for f in TRAIN_FOLDERS)
 
@@ -88,7 +89,8 @@ def score(heads, target, records: list[dict], hidden=None) -> dict:
     ``hidden``: a :class:`~clover.training.hidden_cache.HiddenCache` holding (or to hold)
     the records' target states.
     """
-    from clover.training.train import TrainConfig, evaluate
+    from clover.training.config import TrainConfig
+    from clover.training.train import evaluate
 
     pad = min(target.eos_token_ids) if target.eos_token_ids else 0
     cfg = TrainConfig(method=heads.config.kind, num_heads=heads.config.num_heads, eval_conversations=10**9)
