@@ -156,6 +156,35 @@ def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
         train(target, data, out, TrainConfig(**{**cfg.__dict__, "num_heads": 3}), progress=False)
 
 
+def test_training_continues_from_given_heads(tmp_path, prompt_file):
+    """--init-heads starts from saved heads (their weights and draft vocabulary) and
+    refuses heads of another kind or shape."""
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=2, steps=3, batch_size=2, eval_every=0,
+                      heldout_percent=0, draft_vocab=16)
+    train(target, data, tmp_path / "first", cfg, progress=False)
+    first = load_heads(tmp_path / "first", target)
+    # zero steps of learning (lr ~ 0): the continued heads are the first ones
+    cont = replace(cfg, steps=1, lr=1e-12, warmup=1, init_heads=str(tmp_path / "first"))
+    train(target, data, tmp_path / "second", cont, progress=False)
+    second = load_heads(tmp_path / "second", target)
+    assert torch.equal(second.draft_vocab, first.draft_vocab)
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6), name
+    fresh = replace(cfg, steps=1, lr=1e-12, warmup=1, seed=1)
+    train(target, data, tmp_path / "fresh", fresh, progress=False)
+    assert not all(torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                     load_heads(tmp_path / "fresh", target).state_dict().values()))
+    with pytest.raises(ValueError, match="kind='clover', not 'medusa'"):
+        train(target, data, tmp_path / "x", replace(cont, method="medusa"), progress=False)
+    with pytest.raises(ValueError, match="num_heads=2, not 3"):
+        train(target, data, tmp_path / "y", replace(cont, num_heads=3), progress=False)
+    with pytest.raises(ValueError, match="not --draft-vocab 32"):
+        train(target, data, tmp_path / "z", replace(cont, draft_vocab=32), progress=False)
+
+
 def test_heads_trained_for_another_target_fail_clearly(tmp_path, prompt_file):
     target = tiny_target("llama", eos=1)
     data = tmp_path / "data"

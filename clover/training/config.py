@@ -65,6 +65,10 @@ class TrainConfig:
         keep_evals: also save the heads of every evaluation to ``OUT/steps/<step>``, so
             one long run yields the points of a compute curve (each scored later on
             Spec-Bench by ``scripts/heads_eval.py``).
+        init_heads: start from the heads in this folder (e.g. ``assets/heads/clover``, to
+            continue the shipped heads' training) instead of a fresh initialisation; they
+            must be of this kind with num_heads heads for this target, and their draft
+            vocabulary is kept ("" = fresh heads).
     """
 
     method: str = "clover"
@@ -94,6 +98,7 @@ class TrainConfig:
     shared_recurrence: bool = True
     select: str = "chain"
     keep_evals: bool = False
+    init_heads: str = ""
 
     def __post_init__(self):
         if self.method not in HEAD_KINDS:

@@ -252,6 +252,30 @@ def lr_lambda(cfg: TrainConfig):
     return f
 
 
+def init_heads(cfg: TrainConfig, target) -> DraftHeads:
+    """The heads in ``cfg.init_heads`` to continue training from, checked against ``cfg``.
+
+    Raises:
+        FileNotFoundError: when the folder holds no heads.
+        ValueError: heads of another kind, head count or shape than ``cfg`` asks for, or
+            made for another target.
+    """
+    heads = load_heads(cfg.init_heads, target)
+    got = heads.config
+    want = {"kind": cfg.method, "num_heads": cfg.num_heads}
+    if cfg.method == "clover2":
+        want["shared_recurrence"] = cfg.shared_recurrence
+    for name, value in want.items():
+        if getattr(got, name) != value:
+            raise ValueError(f"--init-heads {cfg.init_heads} holds heads with {name}={getattr(got, name)!r}, "
+                             f"not {value!r}")
+    if cfg.draft_vocab and got.draft_vocab_size != cfg.draft_vocab:
+        raise ValueError(f"--init-heads {cfg.init_heads} drafts among {got.draft_vocab_size or 'all'} tokens, "
+                         f"not --draft-vocab {cfg.draft_vocab}")
+    log.info("starting from the heads in %s", cfg.init_heads)
+    return heads
+
+
 def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
           resume: bool = True, progress: bool = True, cache_hidden: bool = True,
           hidden_cache: str | Path | None = None) -> dict:
@@ -295,6 +319,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
                                  "give the same setting, or --no-resume to start over")
         heads = load_heads(ckpt, target)
         log.info("resuming from step %d", state["step"])
+    elif cfg.init_heads:
+        heads = init_heads(cfg, target)
     else:
         vocab = (frequent_tokens(train_set, cfg.draft_vocab, target.vocab_size,
                                  sorted(target.eos_token_ids)) if cfg.draft_vocab else None)
