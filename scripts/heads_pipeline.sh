@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The head-training queue: the compute curve at fixed data. Every run, checkpoint and the
-# shared hidden-state cache live under $CLOVER_CACHE_DIR (default ~/.cache/clover-studio),
-# never in the work tree, and every run resumes from its last checkpoint, so this one
-# command starts the queue on a fresh machine and continues it after any stop:
+# The head-training queue. Every run, checkpoint and the shared hidden-state cache live
+# under $CLOVER_CACHE_DIR (default ~/.cache/clover-studio), never in the work tree, and
+# every run resumes from its last checkpoint, so this one command starts the queue on a
+# fresh machine and continues it after any stop:
 #
 #   nohup scripts/heads_pipeline.sh >> ~/.cache/clover-studio/heads-pipeline.log 2>&1 &
 #
@@ -12,13 +12,22 @@
 # each run at a fraction of their speed.
 #
 # The data is the v3 heads' (data/selfdistill-v2 plus the Magpie answers, 2.94M training
-# answer tokens). The v3 heads saw 3,700 steps x 8 conversations x 64 sampled positions =
-# 1.9M position-visits (0.64 passes). Here every answer position is trained
-# (--positions 0, about 2,230 per 8-conversation batch), so 850 steps are 1x the v3
-# compute, 3,400 are 4x and 8,500 are 10x. One run per head kind goes to its largest
-# point under one long cosine, saving the heads of every evaluation (--keep-evals) so the
-# curve's points come from one run; scripts/heads_eval.py then scores each on all of
-# Spec-Bench. Medusa gets exactly Clover's steps, batches and positions.
+# answer tokens). The machine this runs on is often new when work resumes, and a cache
+# lost with it takes its runs along, so the queue first *continues the shipped heads*
+# (clover train --init-heads assets/heads/<kind>): each pass adds CONTINUE_STEPS steps to
+# what is committed, and heads that beat the shipped ones get committed, so compute adds
+# up across machines (training.json's "continued_from" nests the lineage). Medusa gets
+# exactly Clover's steps, batches and positions: the comparison stays fair. Positions are
+# sampled (64 per conversation, the presets'): per second of training that reached a
+# held-out head-1 top-1 of 51.5% in 3,400 s where every position reached about 44%
+# (the curve below, same data). Then scripts/heads_eval.py scores shipped and continued
+# heads on the yardstick (all of Spec-Bench, held-out prompts and conversations).
+#
+# After that the queue runs the compute curve at fixed data from fresh heads: every answer
+# position trained (--positions 0, about 2,230 per 8-conversation batch), so 850 steps are
+# 1x the v3 compute (3,700 steps x 8 conversations x 64 positions = 1.9M position-visits),
+# 3,400 are 4x and 8,500 are 10x, one long cosine per head kind with the heads of every
+# evaluation kept (--keep-evals), each point scored later by scripts/heads_eval.py.
 #
 # Training runs in bf16 autocast: on this CPU (AVX-512 BF16) scripts/train_precision.py
 # measured a step 1.27x faster than fp32 at equal held-out acceptance after 120 steps
@@ -47,6 +56,17 @@ run() {  # name, then clover train options
   echo "== $(date -u +%FT%TZ) $name"
   clover train "${COMMON[@]}" "$@" --out "$RUNS/$name"  # later options win
 }
+
+CONTINUE_STEPS="${CONTINUE_STEPS:-3000}"
+stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
+CLOVER_RUN="continue-clover-$(stamp clover)"
+MEDUSA_RUN="continue-medusa-$(stamp medusa)"
+CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr 5e-4 --eval-every 500)
+run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${CONT[@]}"
+run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CONT[@]}"
+EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
+[ -f "$EVAL" ] || python scripts/heads_eval.py assets/heads/clover assets/heads/medusa \
+  "$RUNS/$CLOVER_RUN" "$RUNS/$MEDUSA_RUN" --threads "$THREADS" --json "$EVAL"
 
 run curve-clover --preset smollm2-clover --steps 8500
 run curve-medusa --preset smollm2-medusa --steps 8500

@@ -170,6 +170,8 @@ def test_training_continues_from_given_heads(tmp_path, prompt_file):
     cont = replace(cfg, steps=1, lr=1e-12, warmup=1, init_heads=str(tmp_path / "first"))
     train(target, data, tmp_path / "second", cont, progress=False)
     second = load_heads(tmp_path / "second", target)
+    before = json.loads((tmp_path / "second" / "training.json").read_text())["continued_from"]
+    assert before["path"] == str(tmp_path / "first") and before["steps"] == 3 and "evals" not in before
     assert torch.equal(second.draft_vocab, first.draft_vocab)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), atol=1e-6), name

@@ -276,6 +276,18 @@ def init_heads(cfg: TrainConfig, target) -> DraftHeads:
     return heads
 
 
+def lineage(cfg: TrainConfig) -> dict:
+    """``{"continued_from": ...}``: the ``training.json`` of the heads a run started from
+    (``cfg.init_heads``) without its evaluations, which nests their own lineage, so the
+    compute behind continued heads adds up; {} for fresh heads."""
+    path = Path(cfg.init_heads) / "training.json" if cfg.init_heads else None
+    if path is None or not path.is_file():
+        return {"continued_from": {"path": cfg.init_heads}} if cfg.init_heads else {}
+    before = json.loads(path.read_text())
+    before.pop("evals", None)
+    return {"continued_from": {"path": cfg.init_heads, **before}}
+
+
 def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
           resume: bool = True, progress: bool = True, cache_hidden: bool = True,
           hidden_cache: str | Path | None = None) -> dict:
@@ -402,5 +414,5 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
         {"config": asdict(cfg), "target": target.name, "steps": state["step"],
          "wall_s": round(state["wall_s"], 1), "train_conversations": len(train_set),
          "heldout_conversations": len(held), "selected": best if cfg.select == "chain" else None,
-         "evals": state["evals"]}, indent=1) + "\n")
+         "evals": state["evals"], **lineage(cfg)}, indent=1) + "\n")
     return final
