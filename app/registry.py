@@ -9,7 +9,6 @@ inside the engine.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -346,7 +345,7 @@ def open_target(model: str | None):
     if model and model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
         raise ValueError(f"could not load the model {model!r}: there is no such folder")
     try:
-        return load_target(model, cache_dir=os.environ.get("CLOVER_CACHE_DIR"))
+        return load_target(model)  # its cache: clover.models.cache_root()
     except Exception as e:  # any loader failure becomes a message, never a stack trace
         log.debug("could not load model %r", model, exc_info=True)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

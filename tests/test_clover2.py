@@ -143,13 +143,21 @@ def test_drafting_state_equals_the_training_forward():
         assert int(tree.tokens[1]) == int(outs[0][0].argmax())
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_training_forward_runs_the_block_where_it_is_read(arch):
     """training_outputs runs the Augmenting Block's last layer at the sampled positions
     only (clover.heads.clover.block_at, for Llama/Qwen2 layers; GPT-2 takes the full
-    forward): the same outputs and gradients as Z computed over whole sequences."""
+    forward): the same outputs and gradients as Z computed over whole sequences.
+
+    block_at re-implements the installed transformers' Llama/Qwen2 decoder layer, so this
+    is its guard: the partial path must be the one taken (a renamed layer class would
+    otherwise fall back silently) and must match the layer's own forward."""
+    from clover.heads import clover as clover_module
+
     target = tiny_target(arch)
     heads = perturb(new_heads("clover2", target, num_heads=3), 0.2).float().eval()  # no dropout
+    partial = type(decoder_layers(heads.augment)[-1]).__name__ in clover_module._PARTIAL_LAYERS
+    assert partial == (arch != "gpt2"), type(decoder_layers(heads.augment)[-1]).__name__
     g = torch.Generator().manual_seed(1)
     B, T, D = 3, 19, target.hidden_size
     ids = torch.randint(2, 96, (B, T), generator=g)

@@ -117,6 +117,28 @@ def test_training_lowers_loss_and_reloads(tmp_path, prompt_file, method):
         assert torch.equal(heads.step(h, t, 1, target)[1], again.step(h, t, 1, target)[1])
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_training_leaves_the_declared_frozen_parameters(tmp_path, prompt_file, arch):
+    """Each heads class names what training must not move (the Augmenting Block's
+    embedding tables); training moves everything else."""
+    target = tiny_target(arch, eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=2, steps=2, batch_size=2, lr=1e-2, warmup=1,
+                      eval_every=0, heldout_percent=0)
+    train(target, data, tmp_path / "first", cfg, progress=False)
+    before = load_heads(tmp_path / "first", target)
+    frozen = before.frozen_parameters()
+    assert frozen and all(n.startswith("augment.") for n in frozen)
+    train(target, data, tmp_path / "second", replace(cfg, init_heads=str(tmp_path / "first")), progress=False)
+    after = load_heads(tmp_path / "second", target).state_dict()
+    for name, value in before.state_dict().items():
+        if name in frozen:
+            assert torch.equal(value, after[name]), name
+    moved = [n for n, v in before.state_dict().items() if n not in frozen and not torch.equal(v, after[n])]
+    assert any(n.startswith("augment.") for n in moved) and any(not n.startswith("augment.") for n in moved)
+
+
 def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, prompt_file):
     from clover.heads import new_heads
 

@@ -427,6 +427,11 @@ class DraftHeads(nn.Module):
     #: "post" (after the final norm, what lm_head reads) or "pre" (before it)
     regression_space = "post"
 
+    def frozen_parameters(self) -> list[str]:
+        """Names of the parameters training leaves as they are (none here; each heads
+        class declares its own)."""
+        return []
+
     def training_outputs(self, target, ids: torch.Tensor, hidden_pre: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,
                          features: Callable[[torch.Tensor], torch.Tensor] | None = None

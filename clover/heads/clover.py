@@ -71,6 +71,13 @@ def build_augmenting_block(target_config, num_layers: int = 1, overrides: dict |
     return block
 
 
+def block_embeddings(prefix: str, block: nn.Module) -> list[str]:
+    """Names (under ``prefix``) of an Augmenting Block's embedding tables, which training
+    leaves frozen: the block is fed hidden states, never token ids, and its position
+    table (GPT-2's ``wpe``) is zero, since absolute positions are already in h."""
+    return [f"{prefix}.{n}.weight" for n, m in block.named_modules() if isinstance(m, nn.Embedding)]
+
+
 def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
     """Run an Augmenting Block causally over new positions.
 
@@ -291,6 +298,10 @@ class CloverHeads(DraftHeads):
         return h, logits
 
     regression_space = "pre"  # the head MLPs' output lies before the final norm
+
+    def frozen_parameters(self) -> list[str]:
+        """The Augmenting Block's embedding tables (:func:`block_embeddings`)."""
+        return block_embeddings("augment", self.augment)
 
     def training_outputs(self, target, ids, hidden_pre, rows, cols, features=None):
         """The training forward (see :meth:`DraftHeads.training_outputs`), teacher-forced:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from clover.heads.base import DraftHeads, HeadConfig, grow_ready_rows, grow_recurrent_tree
-from clover.heads.clover import (AttentionDecoder, block_at, build_augmenting_block, copy_last_layer,
+from clover.heads.clover import (AttentionDecoder, block_at, block_embeddings, build_augmenting_block, copy_last_layer,
                                  run_augmenting_block, run_augmenting_rows)
 from clover.tree import Tree, TreeConfig, root_only
 
@@ -145,6 +145,10 @@ class Clover2Heads(DraftHeads):
         (r_k (n, D), logits (n, V') over the draft vocabulary)."""
         r, g = self.head(prev, tokens, depth, target)
         return r, self.vocab_logits(g, target)
+
+    def frozen_parameters(self) -> list[str]:
+        """The Augmenting Block's embedding tables (:func:`~clover.heads.clover.block_embeddings`)."""
+        return block_embeddings("augment", self.augment)
 
     def training_outputs(self, target, ids: torch.Tensor, hidden_pre: torch.Tensor,
                          rows: torch.Tensor, cols: torch.Tensor,

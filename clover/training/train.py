@@ -342,9 +342,9 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
     for p in heads.parameters():
         if p.dtype != torch.float32:
             p.data = p.data.float()  # master weights in fp32
-    frozen = [p for n, p in heads.named_parameters() if "wpe" in n or "embed_tokens" in n]
-    for p in frozen:
-        p.requires_grad_(False)
+    frozen = set(heads.frozen_parameters())
+    for n, p in heads.named_parameters():
+        p.requires_grad_(n not in frozen)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
