@@ -345,7 +345,7 @@ def open_target(model: str | None):
     if model and model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
         raise ValueError(f"could not load the model {model!r}: there is no such folder")
     try:
-        return load_target(model)  # its cache: clover.models.cache_root()
+        return load_target(model)  # its cache: clover.assets.cache_root()
     except Exception as e:  # any loader failure becomes a message, never a stack trace
         log.debug("could not load model %r", model, exc_info=True)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

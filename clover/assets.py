@@ -1,7 +1,9 @@
-"""Where the shipped assets are: trained heads, prompt sets, examples and figures.
+"""Where things are: the shipped assets (trained heads, prompt sets, examples and
+figures), the repository's training data and the project's cache folder.
 
-The one place that knows: every caller (CLI, heads, app, notebooks) asks
-:func:`assets_dir` instead of deriving a folder from its own file's path.
+The one place that knows, and the one place that reads the environment variables that
+move them: every caller (CLI, heads, app, notebooks, training) asks :func:`assets_dir`,
+:func:`data_dir` or :func:`cache_root` instead of deriving a folder itself.
 """
 from __future__ import annotations
 
@@ -75,3 +77,16 @@ def data_dir() -> Path:
                                 f"repository, not in an installed package); set ${DATA_ENV} to "
                                 f"the repository's data/ folder")
     return path
+
+
+CACHE_ENV = "CLOVER_CACHE_DIR"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "clover-studio"
+
+
+def cache_root() -> Path:
+    """The project's cache folder: ``$CLOVER_CACHE_DIR`` when set, else
+    ``~/.cache/clover-studio``. It holds the embedded model's converted copy, the
+    measured auto trees (``autotree.json``), training runs and the heads' yardstick;
+    never anything in the work tree. (Unlike the folders above it need not exist yet.)"""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else DEFAULT_CACHE_DIR

@@ -479,7 +479,7 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
     import os
     from pathlib import Path
 
-    from clover.models import cache_root
+    from clover.assets import cache_root
 
     base = replace(base or TreeConfig(), auto=False)
     path = Path(path or cache_root() / "autotree.json")
@@ -643,7 +643,7 @@ def calibrator_for(target, path=None) -> Calibrator:
     read when called): one per target and store for the life of the target."""
     from pathlib import Path
 
-    from clover.models import cache_root
+    from clover.assets import cache_root
 
     path = Path(path or cache_root() / "autotree.json")
     with _CALIBRATORS_LOCK:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import conftest
-from clover.models import DEFAULT_CACHE_DIR, cache_root
+from clover.assets import DEFAULT_CACHE_DIR, cache_root
 
 
 def test_suite_cache_is_not_the_users():
@@ -26,6 +26,6 @@ def test_every_cache_user_resolves_under_the_suite_cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path and cache_dir() == tmp_path / "yardstick"
-    code = "from clover.models import cache_root; print(cache_root())"
+    code = "from clover.assets import cache_root; print(cache_root())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()) == tmp_path

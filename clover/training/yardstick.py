@@ -43,7 +43,7 @@ def task_of(category: str) -> str:
 
 def cache_dir() -> Path:
     """``$CLOVER_CACHE_DIR/yardstick`` (default ``~/.cache/clover-studio/yardstick``)."""
-    from clover.models import cache_root
+    from clover.assets import cache_root
 
     return cache_root() / "yardstick"
 

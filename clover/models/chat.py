@@ -1,0 +1,158 @@
+"""Prompt encoding: chat templates, their quirks, and the checks on prompt text."""
+from __future__ import annotations
+
+
+def _special_strings(tokenizer) -> list[str]:
+    """Every added or special token's text (what a tokenizer would turn into a control id)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    try:
+        texts.update(tokenizer.get_added_vocab())
+    except (AttributeError, NotImplementedError):
+        pass
+    return [t for t in texts if t]
+
+
+def merge_same_role(messages: list[dict]) -> list[dict]:
+    """Consecutive messages of one role joined into one (separated by a blank line), so
+    that templates requiring alternating roles accept any transcript."""
+    out: list[dict] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation under the tokenizer's chat template, where every
+    message's content is ordinary text.
+
+    A user who types ``<|im_end|>`` means those characters, not the end of a turn:
+    ``apply_chat_template`` would turn them into the control token (and a typed
+    ``<|im_start|>system`` would forge a system turn). When some content holds the text of
+    a special or added token, the template is rendered around placeholders instead: its
+    own text is tokenised with control tokens and each content with
+    ``split_special_tokens=True``. Otherwise the ids are ``apply_chat_template``'s.
+
+    Args:
+        messages: ``{"role", "content"}`` dicts; consecutive same-role messages are merged
+            (:func:`merge_same_role`).
+    Returns:
+        the token ids (control tokens only where the template puts them).
+    Raises:
+        ValueError: when the template rejects the conversation (e.g. roles it does not
+            know), with the template's own message.
+    """
+    import jinja2
+
+    messages = merge_same_role(messages)
+    special = _special_strings(tokenizer)
+    unsafe = any(s in m["content"] for m in messages for s in special)
+    if unsafe:  # the placeholders hide the content from filters such as Llama-3's "| trim"
+        strip = _template_strips(tokenizer)
+        messages = [{**m, "content": strip(m["content"])} for m in messages]
+    marks = [f"\u2063\u2064{i}\u2064\u2063" for i in range(len(messages))]
+    try:
+        if not unsafe:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenize=True)
+            return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
+        text = tokenizer.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)],
+                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the model's chat template rejected this conversation: {e}") from None
+    ids: list[int] = []
+    for m, mark in zip(messages, marks):
+        head, found, text = text.partition(mark)
+        if not found:
+            raise ValueError("the model's chat template changes message text, so a message "
+                             "holding special-token text cannot be encoded safely")
+        ids += tokenizer(head, add_special_tokens=False)["input_ids"]
+        ids += tokenizer(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in ids]
+
+
+def _template_strips(tokenizer):
+    """What the chat template does to the whitespace around a message's content (Llama-3
+    and Gemma templates apply ``| trim``): a function doing the same to a content
+    string, found by rendering a probe message padded with spaces and newlines."""
+    probe = "\u2063probe\u2063"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f" \n{probe}\n "}],
+                                             add_generation_prompt=False, tokenize=False)
+    except Exception:  # a template that rejects the probe: leave the content as it is
+        return lambda c: c
+    left, right = f" \n{probe}" not in text, f"{probe}\n " not in text
+    if left and right:
+        return str.strip
+    if left:
+        return str.lstrip
+    if right:
+        return str.rstrip
+    return lambda c: c
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to the start of a user message (the prompt of
+    Magpie, arXiv 2406.08464, which lets the target write the user's message).
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("Magpie prompts need a chat template")
+    sentinel = "\u2063MAGPIE\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
+                                         add_generation_prompt=False)
+    return tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"]
+
+
+def check_text(text, what: str = "the prompt") -> None:
+    """Refuse text that cannot be encoded as UTF-8: lone surrogates, which is what Python
+    makes of bytes that were not UTF-8 (command-line arguments read with
+    ``surrogateescape``, e.g. a Latin-1 "\xe9"), or a JSON string carrying ``"\udce9"``.
+
+    Raises:
+        ValueError: naming the position and the byte (or code point); never quoting the
+            bad character itself, so the message is always printable.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be text, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        byte = f"the byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"U+{ch:04X}"
+        raise ValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start + 1} "
+                         f"(save or type it as UTF-8)") from None
+
+
+def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
+    """Token ids for a prompt; what the user typed is always ordinary text (see
+    :func:`chat_ids`).
+
+    Args:
+        prompt: a user message (str) or a list of chat messages ({"role", "content"}).
+        chat: apply the tokenizer's chat template (with the generation prompt) when it
+            has one; plain text otherwise.
+    Raises:
+        ValueError: for an empty prompt, text that is not valid Unicode (:func:`check_text`),
+            or a conversation the chat template rejects.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("the prompt is empty")
+        check_text(prompt)
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = list(prompt)
+        if not messages or not any(str(m.get("content", "")).strip() for m in messages):
+            raise ValueError("the prompt is empty")
+        for m in messages:
+            check_text(m.get("content", ""), f"the {m.get('role', 'chat')} message")
+    if chat and getattr(tokenizer, "chat_template", None):
+        return chat_ids(tokenizer, messages)
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
+    return tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]

