@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", default="spec-bench,heldout,train-heldout",
                     help="comma-separated: spec-bench, heldout, train-heldout")
     ap.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl (default: ../shared)")
+    ap.add_argument("--prompt-vocab", action="store_true",
+                    help="also score each heads folder with its draft vocabulary extended by each "
+                         "prompt's own tokens (no retraining; a row '<folder> +prompt')")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="", help="also write every figure to this file")
     args = ap.parse_args(argv)
@@ -50,9 +53,13 @@ def main(argv=None) -> int:
     cols += [s for s in sets if s != "spec-bench"]
     print("| heads | kind | " + " | ".join(cols) + " | chain tau (Spec-Bench six-task) |")
     print("|---|---|" + "---|" * (len(cols) + 1))
-    for path in args.heads:
+    runs = [(path, False) for path in args.heads]
+    if args.prompt_vocab:
+        runs = [(path, pv) for path in args.heads for pv in (False, True)]
+    for path, prompt_vocab in runs:
         heads = load_heads(path, target)
-        res = {name: score(heads, target, recs, hidden) for name, recs in sets.items()}
+        res = {name: score(heads, target, recs, hidden, prompt_vocab) for name, recs in sets.items()}
+        path = f"{path} +prompt" if prompt_vocab else path
         table[str(path)] = res
         cells, tau = [], ""
         if "spec-bench" in res:

@@ -452,3 +452,46 @@ def test_yardstick_scores_per_task_and_six_task_mean(tmp_path, monkeypatch):
     for k in ("head1", "head2"):
         assert fresh[k]["top1"] == res["all"][k]["top1"] and fresh[k]["chain"] == res["all"][k]["chain"]
         assert fresh[k]["loss"] == pytest.approx(res["all"][k]["loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["medusa", "clover"])
+def test_prompt_vocabulary_scoring_counts_what_the_heads_would_draft(tmp_path, prompt_file, method):
+    """evaluate(prompt_vocab=True) scores head 1 as if each conversation's draft
+    vocabulary also held its prompt's tokens: its top-1 count equals a brute-force count
+    over the whole vocabulary masked to (draft vocabulary + prompt tokens), and differs
+    from the plain count (these prompts hold tokens outside the 12 drafted)."""
+    from clover.training.data import collate
+    from clover.training.train import head_outputs
+
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(max_new_tokens=16), progress=False)
+    cfg = TrainConfig(method=method, num_heads=2, steps=1, heldout_percent=0, draft_vocab=12)
+    from clover.training.hidden_cache import target_hidden
+
+    records, _ = load_split(data, cfg)
+    train(target, data, tmp_path / "h", replace(cfg, steps=30, lr=1e-2), progress=False)
+    heads = load_heads(tmp_path / "h", target).eval()
+    vocab = heads.draft_vocab.clone()
+    plain = evaluate(heads, target, records, cfg, 1)
+    extended = evaluate(heads, target, records, cfg, 1, prompt_vocab=True)
+    assert torch.equal(heads.draft_vocab, vocab)  # the heads are left as they were
+    hits = total = 0
+    with torch.no_grad():
+        for r in records:
+            ids, mask = collate([r], 1)
+            pre, post = target_hidden(target, ids)
+            cols = torch.nonzero(mask[0, 2:]).flatten()  # every position whose head 1 has a target
+            heads.draft_vocab = None  # head 1's logits over the whole vocabulary
+            logits = head_outputs(heads, target, ids, pre, torch.zeros_like(cols), cols)[0][0]  # (M, V)
+            heads.draft_vocab = vocab
+            allowed = torch.zeros(target.vocab_size, dtype=torch.bool)
+            allowed[vocab] = True
+            allowed[ids[0][~mask[0].bool()]] = True
+            guess = logits.masked_fill(~allowed, float("-inf")).argmax(-1)
+            truth = target.head_logits(post[0, cols + 1]).argmax(-1)  # the target's next token
+            hits += int((guess == truth).sum())
+            total += len(cols)
+    assert extended["head1"]["positions"] == plain["head1"]["positions"] == total
+    assert extended["head1"]["top1"] == pytest.approx(hits / total)
+    assert extended["head1"]["top1"] != plain["head1"]["top1"]  # the prompts hold tokens outside the 12

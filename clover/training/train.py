@@ -142,7 +142,7 @@ def head_outputs(heads: DraftHeads, target, ids, pre, rows, cols, cfg: TrainConf
 
 
 def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int, hidden=None,
-               exact_metrics: bool = False):
+               exact_metrics: bool = False, prompt_vocab: bool = False):
     """Weighted soft cross-entropy over heads, plus per-head top-1/top-5 counts.
 
     The teacher is the target's distribution over the heads' draft vocabulary (the
@@ -153,6 +153,12 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
 
     ``hidden``: the batch's (pre, post) target states when already known.
 
+    ``prompt_vocab`` (with ``exact_metrics``, heads with a draft vocabulary): score the
+    drafts as if each row's draft vocabulary also held the tokens of its prompt (every
+    token outside the answer, ``mask == 0``), the heads unchanged: their output goes
+    through the lm_head rows of those tokens too. The loss and KL figures are then over
+    the whole vocabulary.
+
     Returns:
         (loss scalar, per head k a list [positions, top1 hits, top5 hits, cross-entropy
         sum, KL(target || head) sum, chain hits, chain positions]); chain hits count
@@ -162,7 +168,21 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
     pre, post = hidden if hidden is not None else target_hidden(target, ids)
     rows, cols = sample_positions(mask, n_positions, gen)
     training = heads.training and not exact_metrics
-    outs = head_outputs(heads, target, ids, pre, rows, cols, cfg if training else None, gen)
+    allowed = None
+    if prompt_vocab and exact_metrics and heads.draft_vocab is not None:
+        if getattr(heads, "lm_heads", None) is not None:
+            raise ValueError("prompt_vocab needs heads that project through the target's lm_head")
+        allowed = torch.zeros(ids.shape[0], target.vocab_size, dtype=torch.bool, device=ids.device)
+        allowed[:, heads.draft_vocab] = True
+        allowed.scatter_(1, torch.where(mask.bool(), heads.draft_vocab[0], ids), True)  # (B, V)
+        vocab, heads.draft_vocab = heads.draft_vocab, None  # the heads' output over every token
+        try:
+            outs = head_outputs(heads, target, ids, pre, rows, cols, None, gen)
+        finally:
+            heads.draft_vocab = vocab
+        outs = [(logits.masked_fill(~allowed[rows], float("-inf")), z) for logits, z in outs]
+    else:
+        outs = head_outputs(heads, target, ids, pre, rows, cols, cfg if training else None, gen)
     T = ids.shape[1]
     K = len(outs)
     full = (cols + K + 1 < T) & mask[rows, (cols + K + 1).clamp(max=T - 1)]  # all heads have targets
@@ -178,9 +198,10 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             continue
         tgt = tgt[ok]
         with torch.no_grad():
-            teacher = torch.softmax(heads.vocab_logits(post[rows[ok], tgt], target).float(), dim=-1)
+            teacher = torch.softmax((target.head_logits(post[rows[ok], tgt]) if allowed is not None
+                                     else heads.vocab_logits(post[rows[ok], tgt], target)).float(), dim=-1)
         logp = torch.log_softmax(logits[ok].float(), dim=-1)
-        ce = -(teacher * logp).sum(-1)  # (M,)
+        ce = -(teacher * logp.clamp_min(-1e4)).sum(-1)  # (M,); -inf outside a prompt vocabulary
         weight = cfg.decay ** k
         loss = loss + weight * ce.mean()
         if cfg.topk_weight > 0:  # HASS: the target's top-K, renormalised
@@ -193,7 +214,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         with torch.no_grad():
             best = teacher.argmax(-1)
             top5 = logp.topk(5, dim=-1).indices
-            if exact_metrics and heads.draft_vocab is not None:
+            if exact_metrics and heads.draft_vocab is not None and allowed is None:
                 best = target.head_logits(post[rows[ok], tgt]).argmax(-1)
                 top5 = heads.draft_vocab[top5]
             entropy = -(teacher * torch.log(teacher.clamp_min(1e-30))).sum(-1)
@@ -206,7 +227,8 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
     return loss, stats
 
 
-def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenCache | None = None) -> dict:
+def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenCache | None = None,
+             prompt_vocab: bool = False) -> dict:
     """Per-head top-1 / top-5 accuracy, loss and KL on held-out conversations (all
     positions), and the chain acceptance: ``chain_tau``, the expected tokens per step of
     a greedy chain of the heads' top-1 drafts (1 + the sum over k of the share of
@@ -215,6 +237,8 @@ def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenC
     holds), and per head ``chain`` (that share).
 
     ``hidden``: a :class:`HiddenCache` to take the target's states from (else the target runs).
+    ``prompt_vocab``: each conversation's draft vocabulary also holds its prompt's tokens
+    (see :func:`batch_loss`).
     """
     heads.eval()
     totals = [[0, 0, 0, 0.0, 0.0, 0, 0] for _ in range(heads.config.num_heads)]
@@ -227,7 +251,8 @@ def evaluate(heads, target, records, cfg: TrainConfig, pad: int, hidden: HiddenC
             ids, mask = ids.to(target.device), mask.to(target.device)
             states = (hidden([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
                       if hidden is not None else None)
-            _, stats = batch_loss(heads, target, ids, mask, cfg, gen, 0, hidden=states, exact_metrics=True)
+            _, stats = batch_loss(heads, target, ids, mask, cfg, gen, 0, hidden=states, exact_metrics=True,
+                                  prompt_vocab=prompt_vocab)
             for t, s in zip(totals, stats):
                 for j in range(7):
                     t[j] += s[j]

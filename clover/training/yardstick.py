@@ -80,14 +80,16 @@ def train_heldout_records(target, data: str | None = None, n: int = 48) -> list[
     return [{**r, "category": "train-heldout"} for r in held[:n]]
 
 
-def score(heads, target, records: list[dict], hidden=None) -> dict:
+def score(heads, target, records: list[dict], hidden=None, prompt_vocab: bool = False) -> dict:
     """Per category, per Spec-Bench task (where the categories are Spec-Bench's) and
     ``"all"``: :func:`clover.training.train.evaluate`'s figures (per head ``top1``,
     ``top5``, ``chain``; ``chain_tau``). With Spec-Bench tasks present, ``"six_task"``
     holds the unweighted mean over the six tasks of head 1's top-1 and of ``chain_tau``.
 
     ``hidden``: a :class:`~clover.training.hidden_cache.HiddenCache` holding (or to hold)
-    the records' target states.
+    the records' target states. ``prompt_vocab``: each conversation's draft vocabulary
+    also holds its prompt's tokens, the heads unchanged (the lever of drafting the
+    prompt's rare words, names and numbers; see :func:`clover.training.train.batch_loss`).
     """
     from clover.training.config import TrainConfig
     from clover.training.train import evaluate
@@ -102,7 +104,8 @@ def score(heads, target, records: list[dict], hidden=None) -> dict:
         for r in records:
             if task_of(r["category"]) == "mt_bench":
                 groups.setdefault("mt_bench", []).append(r)
-    out = {name: evaluate(heads, target, recs, cfg, pad, hidden) for name, recs in groups.items()}
+    out = {name: evaluate(heads, target, recs, cfg, pad, hidden, prompt_vocab=prompt_vocab)
+           for name, recs in groups.items()}
     if set(SPEC_BENCH_TASKS) <= tasks:
         out["six_task"] = {
             "head1_top1": sum(out[t]["head1"]["top1"] for t in SPEC_BENCH_TASKS) / len(SPEC_BENCH_TASKS),
