@@ -37,7 +37,7 @@ import torch
 
 from clover.cache import crop_cache, new_cache
 from clover.engine import Engine, verify_inputs
-from clover.heads.base import draft_rows
+from clover.heads.drafter import draft_rows
 from clover.models import encode_prompt
 from clover.tree import Tree, TreeConfig, best_by_joint, root_only
 

@@ -39,10 +39,10 @@ layout, and why it is exact:
 * Draft: per row, from its own drafter; rows whose drafters can draft together
   (``draft_many``: Medusa makes one heads call over every row's hidden state, Clover and
   Clover-2 grow the rows' trees in lock step, one head step per depth) do so
-  (:func:`clover.heads.base.draft_rows`). Likewise each row's drafter observes its
+  (:func:`clover.heads.drafter.draft_rows`). Likewise each row's drafter observes its
   accepted states, and rows that can observe together (``observe_many``: Clover runs its
   Augmenting Block once over every row's new positions) do so
-  (:func:`clover.heads.base.observe_rows`).
+  (:func:`clover.heads.drafter.observe_rows`).
 * Accept: per row, on that row's own N_b logits.
 * Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
   (:func:`clover.cache.compact_rows`): every row stays contiguous from column 0, and the
@@ -68,7 +68,7 @@ import torch
 from clover.acceptance import Acceptance, SamplingConfig, accept_rows, logits_to_probs
 from clover.cache import cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter, check_fits
-from clover.heads.base import Drafter, draft_rows, observe_rows
+from clover.heads.drafter import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
 from clover.models import TargetModel, TextStream
 from clover.trace import TARGET_TOP, GenerationResult, StepTrace, TreeNode
@@ -108,7 +108,7 @@ class Engine:
         self.lookup = lookup
 
     def drafter(self):
-        """A fresh per-run drafter for this engine's method (see ``clover.heads.base.Drafter``)."""
+        """A fresh per-run drafter for this engine's method (see ``clover.heads.drafter.Drafter``)."""
         heads = (self.heads.drafter(self.target, self.tree)
                  if self.heads is not None and not self.tree.off else None)
         if self.lookup is None:

@@ -173,7 +173,7 @@ def best_length(costs: Sequence[float], rate: float, max_len: int) -> int:
 class LookupDrafter:
     """Per-run lookup state: an n-gram index of the prompt and the committed text, and
     how often its proposals were accepted (per match length, :func:`match_bucket`, so
-    long matches earn long chains). Implements the :class:`clover.heads.base.Drafter` protocol."""
+    long matches earn long chains). Implements the :class:`clover.heads.drafter.Drafter` protocol."""
 
     def __init__(self, cfg: LookupConfig):
         self.cfg = cfg
@@ -387,13 +387,27 @@ class HybridDrafter:
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
         self.inner.observe(hidden_pre, hidden_post, tokens)
+        self._observe_lookup(hidden_pre, hidden_post, tokens)
+
+    def _observe_lookup(self, hidden_pre, hidden_post, tokens: Sequence[int]) -> None:
+        """What :meth:`observe` does besides the inner drafter's observe."""
         self.lookup.observe(hidden_pre, hidden_post, tokens)
         self.accepted = [int(t) for t in tokens[1:]]
 
+    @staticmethod
+    def observe_many(drafters: list["HybridDrafter"], hidden_pre, hidden_post, tokens) -> None:
+        """:meth:`observe` for several rows whose inner drafters observe together (their
+        class's ``observe_many``); each row's lookup observes its own tokens."""
+        inner = [d.inner for d in drafters]
+        type(inner[0]).observe_many(inner, hidden_pre, hidden_post, tokens)
+        for d, pre, post, toks in zip(drafters, hidden_pre, hidden_post, tokens):
+            d._observe_lookup(pre, post, toks)
+
     @property
-    def heads(self):
-        """The inner drafter's heads (rows of a batch that share them draft together)."""
-        return getattr(self.inner, "heads", None)
+    def batch_key(self):
+        """Rows whose inner drafters draft together draft together (None: alone)."""
+        inner = getattr(self.inner, "batch_key", None)
+        return None if inner is None else (HybridDrafter, inner)
 
     def _record_heads(self, tree: Tree, ms: float) -> None:
         self.draft_ms[0] += ms

@@ -330,8 +330,9 @@ def test_medusa_rows_draft_together():
         steps = list(run)
     finally:
         hook.remove()
-    # one call per step; rows with a verified state (all but a one-token prompt's first step)
-    assert len(calls) == len(steps)
+    # at most one call per step, and one in every step that drafts (none where no row has
+    # depth left to draft); rows with a verified state (all but a one-token prompt's first step)
+    assert sum(any(len(t.nodes) > 1 for t in step) for step in steps) <= len(calls) <= len(steps)
     assert calls[0] == (3, target.hidden_size) and calls[1][0] == 4
     for prompt, out in zip(prompts, run.results):
         alone = engine.generate(prompt, 12)
@@ -355,7 +356,7 @@ def test_hybrid_rows_draft_their_heads_together():
         steps = list(run)
     finally:
         hook.remove()
-    assert len(calls) == len(steps) and max(calls) > 1
+    assert len(calls) <= len(steps) and max(calls) > 1  # none in a step where no row has depth left
     sources = set()
     for prompt, out in zip(prompts, run.results):
         alone = engine.generate(prompt, 12)

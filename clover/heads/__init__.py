@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from clover.heads.base import (CONFIG_FILE, DraftHeads, Drafter, HeadConfig, PlainDrafter, check_fits,
-                               draft_rows, fingerprint_matches)
+from clover.heads.base import DraftHeads
+from clover.heads.config import CONFIG_FILE, HeadConfig, check_fits, fingerprint_matches
+from clover.heads.drafter import Drafter, HeadsDrafter, PlainDrafter, draft_rows
 from clover.heads.clover import CloverHeads
 from clover.heads.clover2 import Clover2Heads
 from clover.heads.medusa import MedusaHeads
@@ -43,7 +44,7 @@ def load_heads(path: str | Path, target) -> DraftHeads:
 
 
 __all__ = ["DraftHeads", "Drafter", "HeadConfig", "PlainDrafter", "MedusaHeads", "CloverHeads", "Clover2Heads",
-           "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches",
+           "new_heads", "load_heads", "heads_for", "check_fits", "fingerprint_matches", "HeadsDrafter",
            "shipped_heads_dir", "shipped_heads_for", "find_heads", "draft_rows"]
 
 

@@ -27,9 +27,11 @@ import copy
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, ResBlock, grow_ready_rows, grow_recurrent_tree
+from clover.heads.base import DraftHeads, ResBlock
+from clover.heads.config import HeadConfig
+from clover.heads.drafter import RecurrentDrafter
 from clover.models import decoder_layers, final_norm_name
-from clover.tree import Tree, TreeConfig, root_only
+from clover.tree import TreeConfig
 
 
 # decoder layers whose pre-norm attention + MLP structure CloverHeads.augment_at repeats
@@ -324,13 +326,13 @@ class CloverHeads(DraftHeads):
         return CloverDrafter(self, target, tree)
 
 
-class CloverDrafter:
+class CloverDrafter(RecurrentDrafter):
     """Per-run Clover state: the Augmenting Block's KV cache and its last output h_0."""
 
     def __init__(self, heads: CloverHeads, target, tree: TreeConfig):
         from transformers import DynamicCache
 
-        self.heads, self.target, self.tree = heads, target, tree
+        super().__init__(heads, target, tree)
         self.cache = DynamicCache(config=heads.augment.config)
         self.length = 0
         self.h0: torch.Tensor | None = None  # (D,)
@@ -340,10 +342,9 @@ class CloverDrafter:
         self.length += hidden_pre.shape[0]
         self.h0 = out[0, -1]
 
-    def draft(self, root_token: int, max_depth: int) -> Tree:
-        if self.h0 is None:
-            return root_only(root_token)
-        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.h0, max_depth)
+    @property
+    def state(self) -> torch.Tensor | None:
+        return self.h0
 
     @staticmethod
     def observe_many(drafters: list["CloverDrafter"], hidden_pre: list[torch.Tensor],
@@ -357,11 +358,3 @@ class CloverDrafter:
         for d, h, out in zip(drafters, hidden_pre, outs):
             d.length += h.shape[0]
             d.h0 = out[-1]
-
-    @staticmethod
-    def draft_many(drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
-        """:meth:`draft` for several rows of a batch sharing one set of heads: the trees grow
-        together, one head step per depth over every row's nodes
-        (:func:`clover.heads.base.grow_ready_rows`)."""
-        ready = [i for i, d in enumerate(drafters) if d.h0 is not None]
-        return grow_ready_rows(drafters, ready, roots, [drafters[i].h0 for i in ready], max_depths)

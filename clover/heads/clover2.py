@@ -32,10 +32,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, grow_ready_rows, grow_recurrent_tree
+from clover.heads.base import DraftHeads
+from clover.heads.config import HeadConfig
+from clover.heads.drafter import RecurrentDrafter
 from clover.heads.clover import (AttentionDecoder, block_at, block_embeddings, build_augmenting_block, copy_last_layer,
                                  run_augmenting_block, run_augmenting_rows)
-from clover.tree import Tree, TreeConfig, root_only
+from clover.tree import TreeConfig
 
 
 class Clover2Heads(DraftHeads):
@@ -141,7 +143,7 @@ class Clover2Heads(DraftHeads):
         return r, self.head_norm(fc(torch.cat([r, e], dim=-1)))
 
     def step(self, prev: torch.Tensor, tokens: torch.Tensor, depth: int, target):
-        """One depth of drafting (see :func:`clover.heads.base.grow_recurrent_tree`):
+        """One depth of drafting (see :func:`clover.heads.drafter.grow_recurrent_trees`):
         (r_k (n, D), logits (n, V') over the draft vocabulary)."""
         r, g = self.head(prev, tokens, depth, target)
         return r, self.vocab_logits(g, target)
@@ -188,7 +190,7 @@ class Clover2Heads(DraftHeads):
         return Clover2Drafter(self, target, tree)
 
 
-class Clover2Drafter:
+class Clover2Drafter(RecurrentDrafter):
     """Per-run Clover-2 state: the Augmenting Block's KV cache and the verified hidden
     states still waiting for their next token.
 
@@ -202,7 +204,7 @@ class Clover2Drafter:
     def __init__(self, heads: Clover2Heads, target, tree: TreeConfig):
         from transformers import DynamicCache
 
-        self.heads, self.target, self.tree = heads, target, tree
+        super().__init__(heads, target, tree)
         self.cache = DynamicCache(config=heads.augment.config)
         self.length = 0  # positions in the block's cache
         self.waiting: torch.Tensor | None = None  # (W, D) verified states not yet in the block
@@ -219,10 +221,9 @@ class Clover2Drafter:
             self.waiting = torch.cat([self.waiting, hidden_pre])
         self.next_tokens.extend(tokens[1:])
 
-    def draft(self, root_token: int, max_depth: int) -> Tree:
-        if not self._ready(root_token, max_depth):
-            return root_only(root_token)
-        return grow_recurrent_tree(self.heads, self.target, self.tree, root_token, self.z, max_depth)
+    @property
+    def state(self) -> torch.Tensor | None:
+        return self.z
 
     def _ready(self, root_token: int, max_depth: int) -> bool:
         """Run the block over the waiting positions (their next token known now that the
@@ -252,14 +253,11 @@ class Clover2Drafter:
             d.length += n
             d.z, d.waiting, d.next_tokens = heads.augment_norm(out[-1]), None, []
 
-    @staticmethod
-    def draft_many(drafters: list["Clover2Drafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
-        """:meth:`draft` for several rows of a batch sharing one set of heads: the rows'
-        blocks run together over their waiting positions (:meth:`_context_many`), then the
-        trees grow together, one ``step`` per depth over every row's nodes
-        (:func:`clover.heads.base.grow_ready_rows`)."""
+    @classmethod
+    def prepare(cls, drafters: list["Clover2Drafter"], roots: list[int], max_depths: list[int]) -> list[int]:
+        """The rows' blocks run together over their waiting positions (:meth:`_context_many`),
+        then each row is ready when it has a state (:meth:`_ready`)."""
         waiting = [i for i, d in enumerate(drafters) if max_depths[i] > 0 and d.waiting is not None]
         if len(waiting) > 1:  # their blocks run together; _ready then finds nothing waiting
-            Clover2Drafter._context_many([drafters[i] for i in waiting], [roots[i] for i in waiting])
-        ready = [i for i, d in enumerate(drafters) if d._ready(roots[i], max_depths[i])]
-        return grow_ready_rows(drafters, ready, roots, [drafters[i].z for i in ready], max_depths)
+            cls._context_many([drafters[i] for i in waiting], [roots[i] for i in waiting])
+        return [i for i, d in enumerate(drafters) if d._ready(roots[i], max_depths[i])]

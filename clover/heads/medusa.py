@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from clover.heads.base import DraftHeads, HeadConfig, ResBlock
-from clover.tree import Tree, TreeConfig, grow_tree, root_only
+from clover.heads.base import DraftHeads, ResBlock
+from clover.heads.config import HeadConfig
+from clover.heads.drafter import HeadsDrafter
+from clover.tree import Tree, TreeConfig, grow_tree
 
 
 class MedusaHeads(DraftHeads):
@@ -76,21 +78,19 @@ class MedusaHeads(DraftHeads):
         return MedusaDrafter(self, target, tree)
 
 
-class MedusaDrafter:
+class MedusaDrafter(HeadsDrafter):
     """Per-run Medusa state: the last verified normed hidden state."""
 
     def __init__(self, heads: MedusaHeads, target, tree: TreeConfig):
-        self.heads, self.target, self.tree = heads, target, tree
+        super().__init__(heads, target, tree)
         self.last_hidden: torch.Tensor | None = None  # (D,)
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor, tokens=()) -> None:
         self.last_hidden = hidden_post[-1]
 
-    def draft(self, root_token: int, max_depth: int) -> Tree:
-        if self.last_hidden is None:
-            return root_only(root_token)
-        probs = torch.softmax(self.heads(self.last_hidden, self.target).float(), dim=-1)  # (K, V)
-        return self._grow(root_token, max_depth, probs)
+    @property
+    def state(self) -> torch.Tensor | None:
+        return self.last_hidden
 
     def _grow(self, root_token: int, max_depth: int, probs: torch.Tensor) -> Tree:
         """The tree from the heads' (K, V') draft probabilities."""
@@ -100,19 +100,12 @@ class MedusaDrafter:
         return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
                          self.heads.draft_vocab)
 
-    @staticmethod
-    def draft_many(drafters: list["MedusaDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
-        """:meth:`draft` for several rows of a batch whose drafters share one set of heads:
-        one heads call over their last hidden states, (B, D) -> (B, K, V'), so the heads'
-        weights (above all the vocabulary projection) are read once per step, not once per
-        row. Each row's tree is the one its own :meth:`draft` grows (up to float rounding).
-        """
-        ready = [i for i, d in enumerate(drafters) if d.last_hidden is not None]
-        trees = [root_only(r) for r in roots]
-        if ready:
-            first = drafters[ready[0]]
-            hidden = torch.stack([drafters[i].last_hidden for i in ready])  # (B, D)
-            probs = torch.softmax(first.heads(hidden, first.target).float(), dim=-1)  # (B, K, V')
-            for j, i in enumerate(ready):
-                trees[i] = drafters[i]._grow(roots[i], max_depths[i], probs[j])
-        return trees
+    @classmethod
+    def grow(cls, drafters: list["MedusaDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
+        """The rows' trees from one heads call over their last hidden states, (B, D) ->
+        (B, K, V'), so the heads' weights (above all the vocabulary projection) are read
+        once per step, not once per row."""
+        first = drafters[0]
+        hidden = torch.stack([d.last_hidden for d in drafters])  # (B, D)
+        probs = torch.softmax(first.heads(hidden, first.target).float(), dim=-1)  # (B, K, V')
+        return [d._grow(r, m, p) for d, r, m, p in zip(drafters, roots, max_depths, probs)]
