@@ -14,7 +14,12 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from app.ui import build_demo, launch_options  # noqa: E402  (the app/ package)
+from app import zerogpu  # noqa: E402  (the app/ package)
+
+# ZeroGPU (Hugging Face): an explicit setting, read here once, before the app is built
+zerogpu.configure(os.environ.get("CLOVER_ZEROGPU", os.environ.get("SPACES_ZERO_GPU", "")))
+
+from app.ui import build_demo, launch_options  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,14 +18,10 @@ from typing import Sequence
 from clover import Engine, TreeConfig, encode_prompt, load_target
 from clover.methods import HEAD_KINDS, METHOD_LABELS, split_method
 
+from app import zerogpu
 from app.settings import auto_tree
 
 log = logging.getLogger(__name__)
-
-try:  # Hugging Face ZeroGPU: CUDA work must run inside a function decorated by spaces.GPU
-    import spaces
-except ImportError:  # everywhere else the plain function runs
-    spaces = None
 
 # head kinds every model gets (shipped heads, else untrained ones); the other kinds of
 # clover.methods.HEAD_KINDS (Clover-2) join only where trained heads exist for them
@@ -117,7 +113,7 @@ class LoadedModel:
         4 tokens."""
         from clover.lookup import LookupConfig
 
-        if spaces is not None or (self.calibrating.is_set()
+        if zerogpu.active() or (self.calibrating.is_set()
                                   and self.calibrator.known_costs() is None):
             return LookupConfig(max_tokens=4)
         return self.calibrator.lookup()
@@ -132,12 +128,12 @@ class LoadedModel:
         """``tree``, or for an ``auto`` tree :attr:`auto_trees`' tree for this head kind
         (the calibrator's, read from the stored calibration, or measured on first use,
         seconds on a CPU, then kept). While :meth:`calibrate_in_background` is still
-        measuring, the default budget. On ZeroGPU (``spaces``) decoding runs on hardware
+        measuring, the default budget. On ZeroGPU (:mod:`app.zerogpu`) decoding runs on hardware
         this process cannot time, so the default budget is used there."""
         heads = self.heads.get(method)
         if not tree.auto or heads is None:
             return tree
-        if spaces is not None:
+        if zerogpu.active():
             return replace(tree, auto=False)
         known = self.auto_trees.get(method)
         if known is not None:  # never wait on the lock the background calibration holds
@@ -164,7 +160,7 @@ class LoadedModel:
         when nothing was left to measure."""
         todo = [m for m in self.head_kinds if self.heads.get(m) is not None
                 and m not in self.auto_trees and not self._calibrate(m, measure=False)]
-        if not todo or spaces is not None:
+        if not todo or zerogpu.active():
             return None
         self.calibrating.set()
 

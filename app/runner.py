@@ -17,15 +17,12 @@ from clover.engine import lockstep, validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
-from app.registry import CORE_METHODS, LoadedModel, loaded_model, spaces
+from app import zerogpu
+from app.registry import CORE_METHODS, LoadedModel, loaded_model
 from app.settings import Settings
 
 
-def _gpu(fn):
-    return spaces.GPU(duration=120)(fn) if spaces is not None else fn
-
-
-@_gpu
+@zerogpu.gpu(duration=120)
 def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: int,
            sampling: SamplingConfig, tree: TreeConfig) -> Iterator[StepTrace | GenerationResult]:
     """One run of the engine: yields each step's trace, then the :class:`GenerationResult`.
@@ -88,7 +85,7 @@ def threads_for_load(loaded: LoadedModel) -> int | None:
 
     import torch
 
-    if spaces is not None or loaded.target.device.type != "cpu":
+    if zerogpu.active() or loaded.target.device.type != "cpu":
         return None
     threads = torch.get_num_threads()
     if threads <= 1:
@@ -139,7 +136,7 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
     method's first step comes after one step of its own (not after every baseline's whole
     run), and a slow spell of the machine lands on every method alike, so each method's
     summed step times (its trace's engine time) compare within one shared window. On
-    ZeroGPU (``spaces``), whose GPU calls cannot interleave, the methods run one after
+    ZeroGPU (:mod:`app.zerogpu`), whose GPU calls cannot interleave, the methods run one after
     another, the watched one first.
 
     Closing this generator stops every run after its current step.
@@ -150,7 +147,7 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
     loaded.check_method(settings.method)
     order = run_order(settings.method, settings.compare, settings.lookup, loaded.methods)
     if lockstep is None:
-        lockstep = spaces is None
+        lockstep = not zerogpu.active()
     if not lockstep:
         for method in order:
             yield from _events([method], loaded, settings, prompt_ids)

@@ -274,9 +274,12 @@ def test_run_methods_in_lockstep():
         runner.encode(loaded, too_long)
 
 
-def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
-    """On ZeroGPU hardware the ``spaces`` package exists and decoding must run inside a
-    ``spaces.GPU`` function; a stand-in ``spaces`` module records the calls."""
+def test_decoding_runs_inside_spaces_gpu_when_zerogpu_is_switched_on(tmp_path):
+    """ZeroGPU is an explicit setting (app.zerogpu.configure, from $CLOVER_ZEROGPU or the
+    platform's $SPACES_ZERO_GPU in app.py): with the ``spaces`` package importable but the
+    setting off, decoding runs as itself, in lockstep; switched on, inside a
+    ``spaces.GPU`` function, the methods one after another. A stand-in ``spaces`` module
+    records the calls; without any, switching on is a clear ImportError."""
     (tmp_path / "spaces.py").write_text(textwrap.dedent('''
         calls = []
         def GPU(fn=None, duration=None):
@@ -289,14 +292,18 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
     '''))
     script = textwrap.dedent('''
         import spaces
-        from app import registry, runner
+        from app import registry, runner, zerogpu
         from app import settings as app_settings
         from conftest import tiny_target
         loaded = registry.register_model("zero", tiny_target("llama"), warm_up=False)
         settings = app_settings.parse_settings("t5 t6", "clover", 0, 4, "auto")
-        events = list(runner.run_methods(loaded, settings, runner.encode(loaded, settings)))
-        assert spaces.calls == [("decode", 120)] * 4, spaces.calls
-        assert sum(e.kind == "done" for e in events) == 4
+        for setting, calls in (("", []), ("true", [("decode", 120)] * 4), ("0", [])):
+            zerogpu.configure(setting)
+            spaces.calls.clear()
+            events = list(runner.run_methods(loaded, settings, runner.encode(loaded, settings)))
+            assert spaces.calls == calls, (setting, spaces.calls)
+            assert sum(e.kind == "done" for e in events) == 4
+            assert zerogpu.active() == bool(calls)
         print("ok")
     ''')
     tests_dir = Path(__file__).resolve().parent
@@ -305,6 +312,13 @@ def test_decoding_runs_inside_spaces_gpu_when_spaces_imports(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    import importlib.util
+
+    if importlib.util.find_spec("spaces") is None:  # the dev install has no `spaces`
+        missing = subprocess.run([sys.executable, "-c", "from app import zerogpu; zerogpu.configure('1')"],
+                                 capture_output=True, text=True, timeout=120,
+                                 env={**env, "PYTHONPATH": str(tests_dir.parent)})
+        assert missing.returncode != 0 and "pip install spaces" in missing.stderr, missing.stderr[-500:]
 
 
 def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):

@@ -4,8 +4,8 @@ A Space installs ``requirements.txt`` with its dependencies and has no ``llm-smo
 the app loads SmolLM2-135M-Instruct by its hub id. Here: a fresh virtual environment from
 ``requirements.txt`` alone, a hub cache seeded with the converted embedded model under the
 hub id's cache layout, ``HF_HUB_OFFLINE=1``, then ``python app.py`` from the repository,
-driven by a real browser. Then the same with the ``spaces`` package installed and no GPU
-(the ZeroGPU code path).
+driven by a real browser. Then the same with the ``spaces`` package installed, no GPU and
+``CLOVER_ZEROGPU=1`` (the ZeroGPU code path).
 
 Set ``CLOVER_SPACE_VENV`` to a folder to keep the environment between runs.
 """
@@ -68,14 +68,14 @@ def hub_home(tmp_path_factory, embedded) -> Path:
     return home
 
 
-def _serve_app(venv: Path, home: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def _serve_app(venv: Path, home: Path, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1",
-               PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
+               PATH=f"{venv / 'bin'}:{env.get('PATH', '')}", **extra_env)
     app = subprocess.Popen([str(venv / "bin" / "python"), "app.py", "--port", str(port)], cwd=ROOT,
                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     start = time.monotonic()
@@ -117,7 +117,8 @@ def test_space_install_runs_offline_with_shipped_heads(space_venv, hub_home, emb
     for zero_gpu in (False, True):
         if zero_gpu:  # Hugging Face ZeroGPU hardware has `spaces`; here it runs with no GPU
             _pip(space_venv, "spaces")
-        app, url = _serve_app(space_venv, hub_home, tmp_path / f"app-{zero_gpu}.log")
+        app, url = _serve_app(space_venv, hub_home, tmp_path / f"app-{zero_gpu}.log",
+                              CLOVER_ZEROGPU="1" if zero_gpu else "0")
         try:
             notice, text = _decode_in_the_browser(browser, url, tmp_path, f"space-{zero_gpu}.png")
         finally:
