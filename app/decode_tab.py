@@ -30,7 +30,7 @@ from clover.methods import ALL_METHODS, METHOD_LABELS, split_method
 
 log = logging.getLogger(__name__)
 
-EXAMPLES_FILE = assets_dir() / "examples.json"
+EXAMPLES_FILE = "examples.json"  # under clover.assets_dir(), read when the page is built
 LIVE_RACE_SECONDS = 1.0  # the live race is redrawn at most this often during a run
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
@@ -89,7 +89,7 @@ class Visitor:
 
 def load_examples() -> list[dict]:
     """Example prompts, one or more per task kind: [{"kind", "prompt"}, ...]."""
-    return json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))
+    return json.loads((assets_dir() / EXAMPLES_FILE).read_text(encoding="utf-8"))
 
 
 def _message(text: str) -> str:

@@ -9,8 +9,9 @@ import gradio as gr
 from clover.assets import assets_dir
 from clover.bench import batch_sweep_figure, load_batch_sweep
 
-DIAGRAM_FILE = assets_dir() / "figures" / "clover_vs_medusa.svg"
-CLOVER2_DIAGRAM_FILE = assets_dir() / "figures" / "clover2.svg"
+# under clover.assets_dir(), read when the page is built (never at import)
+DIAGRAM_FILE = "figures/clover_vs_medusa.svg"
+CLOVER2_DIAGRAM_FILE = "figures/clover2.svg"
 
 EXPLAINER = """
 ## How Clover works
@@ -118,9 +119,9 @@ def build() -> None:
     them the Clover-2 diagram and its text; last, batched serving: its text, then the
     committed batch-size sweep (:func:`clover.bench.load_batch_sweep`) as a figure with
     the command that made it, or a one-line note while none is committed."""
-    gr.HTML(figure(DIAGRAM_FILE), elem_id="diagram")
+    gr.HTML(figure(assets_dir() / DIAGRAM_FILE), elem_id="diagram")
     gr.Markdown(EXPLAINER, elem_id="explainer")
-    gr.HTML(figure(CLOVER2_DIAGRAM_FILE), elem_id="clover2-diagram")
+    gr.HTML(figure(assets_dir() / CLOVER2_DIAGRAM_FILE), elem_id="clover2-diagram")
     gr.Markdown(CLOVER2_EXPLAINER, elem_id="clover2-explainer")
     gr.Markdown(AT_SCALE_EXPLAINER, elem_id="at-scale-explainer")
     sweep = load_batch_sweep()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -178,3 +179,20 @@ def test_the_decoding_core_imports_neither_training_nor_the_kernels_directly():
     users = sorted(m for m, imps in graph.items() if (m.split(".") + [""])[1] != "kernels"
                    and any(i.startswith("clover.kernels") for i in imps))
     assert users == ["clover.models.target"]
+
+
+def test_importing_the_app_and_library_reads_no_assets(tmp_path):
+    """Assets are read when used, never at import: with $CLOVER_ASSETS_DIR naming a folder
+    that is not there (assets_dir() then raises), every app and library module imports."""
+    import os
+
+    code = ("import importlib, pkgutil, app, clover\n"
+            "for pkg in (app, clover):\n"
+            "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+            "        importlib.import_module(m.name)\n"
+            "from clover import assets_dir\n"
+            "try:\n    assets_dir()\nexcept FileNotFoundError:\n    print('ok')\n")
+    env = {**os.environ, "CLOVER_ASSETS_DIR": str(tmp_path / "missing"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
