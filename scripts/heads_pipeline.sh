@@ -6,8 +6,9 @@
 #
 #   nohup scripts/heads_pipeline.sh >> ~/.cache/clover-studio/heads-pipeline.log 2>&1 &
 #
-# On a fresh machine the first run computes the target's hidden states once (about
-# 3.5M tokens, saved every ten minutes, so that step resumes too); later runs share them.
+# On a fresh machine the first run computes the target's hidden states once (4.2M padded
+# tokens: about 2.8 hours on the 2-core CPU, fp32; saved every ten minutes, so that step
+# resumes too); later runs share them.
 # It waits while the data pipeline (scripts/data_pipeline.sh) runs: two jobs on two cores
 # each run at a fraction of their speed.
 #
@@ -18,9 +19,10 @@
 # what is committed, and heads that beat the shipped ones get committed, so compute adds
 # up across machines (training.json's "continued_from" nests the lineage). Medusa gets
 # exactly Clover's steps, batches and positions: the comparison stays fair. Positions are
-# sampled (64 per conversation, the presets'): per second of training that reached a
-# held-out head-1 top-1 of 51.5% in 3,400 s where every position reached about 44%
-# (the curve below, same data). Then scripts/heads_eval.py scores shipped and continued
+# sampled (64 per conversation, the presets'): at equal position-visits the shipped heads
+# (sampled, annealed) beat every-position training by 12 points (the model card's compute
+# curve), and a step over sampled positions costs a third of one over every position.
+# Then scripts/heads_eval.py scores shipped and continued
 # heads on the yardstick (all of Spec-Bench, held-out prompts and conversations).
 #
 # After that the queue runs the compute curve at fixed data from fresh heads: every answer

@@ -94,3 +94,17 @@ def test_readme_cli_examples_run_as_written():
                              cwd=ROOT, timeout=600)
         assert out.returncode == 0, f"`clover {' '.join(args)}` failed:\n{out.stderr[-2000:]}"
         assert out.stdout.strip()
+
+
+def test_compute_curve_figure_is_drawn_from_its_data():
+    """assets/figures/compute_curve.svg is what scripts/curve_figure.py draws from
+    assets/heads/curve.json today, and the curve's points rise with compute overall."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "curve_figure.py"), "--check"], timeout=60)
+    assert out.returncode == 0, "compute_curve.svg is stale: run `python scripts/curve_figure.py`"
+    points = json.loads((ROOT / "assets" / "heads" / "curve.json").read_text())["points"]
+    assert [p["step"] for p in points] == sorted(p["step"] for p in points) and len(points) >= 4
+    assert points[-1]["heldout_top1"] > points[0]["heldout_top1"]
