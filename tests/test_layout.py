@@ -168,14 +168,16 @@ def test_the_import_graph_of_clover_has_no_cycle():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_the_decoding_core_imports_neither_training_nor_the_kernels_directly():
-    """Data flows one way: training reads the engine, never the other way round; the CPU
+def test_the_decoding_core_imports_neither_the_outer_layers_nor_the_kernels_directly():
+    """Data flows one way, prompt -> engine -> trace -> app / bench / notebook: training,
+    the benchmark and the command line read the core, never the other way round; the CPU
     kernels are installed in one place (``clover.models.target``, behind its load-time switch)."""
     graph = _clover_imports()
-    core = [m for m in graph if (m.split(".") + [""])[1] not in ("training", "cli", "bench")]
-    assert "clover.engine" in core and "clover.heads.clover" in core
-    assert not {m: sorted(i for i in graph[m] if i.startswith("clover.training")) for m in core
-                if any(i.startswith("clover.training") for i in graph[m])}
+    outer = ("training", "cli", "bench")
+    core = [m for m in graph if (m.split(".") + [""])[1] not in outer]
+    assert "clover.engine" in core and "clover.heads.clover" in core and "clover.models.target" in core
+    back = {m: sorted(i for i in graph[m] if (i.split(".") + [""])[1] in outer) for m in core}
+    assert not {m: i for m, i in back.items() if i}
     users = sorted(m for m, imps in graph.items() if (m.split(".") + [""])[1] != "kernels"
                    and any(i.startswith("clover.kernels") for i in imps))
     assert users == ["clover.models.target"]
