@@ -25,27 +25,16 @@ sys.path.insert(0, str(ROOT))
 
 def replay(prompt: list[int], answer: list[int], cfg, costs=()) -> tuple[int, int, float]:
     """(steps, tokens, modelled verify ms) of lookup decoding over a known greedy
-    ``answer``: a fixed chain length, or with ``cfg.costs`` the length that pays on that
-    cost curve (as the engine sizes it), each step costing ``verify_ms`` of its tree on
-    ``costs or cfg.costs`` (0 without either)."""
+    ``answer`` (:func:`clover.replay.replay_greedy`): a fixed chain length, or with
+    ``cfg.costs`` the length that pays on that cost curve (as the engine sizes it), each
+    step costing ``verify_ms`` of its tree on ``costs or cfg.costs`` (0 without either)."""
     costs = costs or cfg.costs
     from clover.lookup import LookupDrafter, verify_ms
+    from clover.replay import replay_greedy
 
-    d = LookupDrafter(cfg)
-    d.observe(None, None, prompt[:-1])
-    root, done, steps, ms = prompt[-1], 0, 0, 0.0
-    while done < len(answer):
-        chain = d.draft(root, len(answer) - done - 1).tokens.tolist()[1:]
-        ms += verify_ms(costs, 1 + len(chain)) if costs else 0.0
-        k = 0
-        while k < len(chain) and chain[k] == answer[done + k]:
-            k += 1
-        committed = answer[done: done + k + 1]
-        d.observe(None, None, [root] + committed[:-1])
-        root = committed[-1]
-        done += len(committed)
-        steps += 1
-    return steps, len(answer), ms
+    steps = replay_greedy(LookupDrafter(cfg), prompt, answer)
+    ms = sum(verify_ms(costs, len(s.tree)) for s in steps) if costs else 0.0
+    return len(steps), len(answer), ms
 
 
 def main(argv=None) -> int:

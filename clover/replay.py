@@ -1,0 +1,77 @@
+"""Greedy replay: a drafter's decoding steps over an answer already known, without
+running the target step by step.
+
+Under greedy decoding, what a drafter drafts and what verification accepts depend only on
+the token sequence and the target's hidden states along it, and one target forward over
+prompt + answer gives those states. So the engine's steps (:class:`clover.engine.Engine`:
+draft a tree from the root, accept the longest drafted path the answer continues with,
+commit it and the bonus token, let the drafter observe the committed positions) can be
+replayed exactly, and cheaply: no verification forwards, no timing, so a busy machine
+gives the same numbers. ``scripts/lookup_ablation.py`` replays prompt lookup settings this
+way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from clover.tree import Tree
+
+
+@dataclass
+class ReplayStep:
+    """One replayed decoding step: the drafted ``tree`` (root = the last committed token)
+    and how many of its drafts verification accepts (``accepted``; the step commits
+    ``accepted + 1`` tokens with the bonus token)."""
+
+    tree: Tree
+    accepted: int
+
+
+def replay_greedy(drafter, prompt: Sequence[int], answer: Sequence[int],
+                  hidden_pre: torch.Tensor | None = None, hidden_post: torch.Tensor | None = None,
+                  max_depth: int | None = None) -> list[ReplayStep]:
+    """The engine's greedy steps for a fresh ``drafter`` producing ``answer`` after ``prompt``.
+
+    Args:
+        drafter: a fresh :class:`~clover.heads.drafter.Drafter` for one run.
+        prompt: (P,) token ids, P >= 1.
+        answer: the target's greedy continuation of ``prompt``.
+        hidden_pre, hidden_post: (P + len(answer), D) the target's states before and
+            after the final norm over prompt + answer (position p's state is the one
+            that predicts token p + 1); None for drafters that read only tokens (prompt
+            lookup).
+        max_depth: the deepest draft of a step (default: the answer's remaining tokens
+            less the bonus, as the engine caps it).
+    Returns:
+        one :class:`ReplayStep` per decoding step; their ``accepted + 1`` sum to
+        ``len(answer)``.
+    Raises:
+        ValueError: for an empty prompt, or states that do not cover prompt + answer.
+    """
+    seq = [int(t) for t in prompt] + [int(t) for t in answer]
+    n = len(prompt)
+    if n < 1:
+        raise ValueError("replay_greedy needs a prompt of at least one token")
+    if hidden_pre is not None and (len(hidden_pre) < len(seq) or hidden_post is None or len(hidden_post) < len(seq)):
+        raise ValueError(f"the hidden states cover {len(hidden_pre)} positions, not prompt + answer ({len(seq)})")
+
+    def observe(start: int, end: int) -> None:  # the committed positions start .. end - 1
+        pre = post = None
+        if hidden_pre is not None:
+            pre, post = hidden_pre[start:end], hidden_post[start:end]
+        drafter.observe(pre, post, seq[start:end])
+
+    observe(0, n - 1)
+    pos, steps = n - 1, []  # pos: the root's position
+    while pos < len(seq) - 1:
+        left = len(seq) - 1 - pos  # tokens still to produce, the bonus one included
+        depth = left - 1 if max_depth is None else min(max_depth, left - 1)
+        tree = drafter.draft(seq[pos], depth)
+        k = min(tree.matched_path(seq[pos + 1:]), left - 1)
+        steps.append(ReplayStep(tree, k))
+        observe(pos, pos + k + 1)
+        pos += k + 1
+    return steps
