@@ -165,6 +165,9 @@ def test_explainer_at_scale_without_a_committed_sweep_says_so(tmp_path, monkeypa
     """No assets/bench/batch_sweep.json: the text and a one-line note, no empty plot."""
     import gradio as gr
 
+    from clover import assets_dir
+
+    (tmp_path / "figures").symlink_to(assets_dir() / "figures")  # the diagrams, no sweep
     monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
     blocks = _explainer_blocks()
     order = list(blocks)
@@ -185,6 +188,9 @@ def test_explainer_at_scale_draws_the_committed_sweep_with_its_command(tmp_path,
     path = tmp_path / BATCH_SWEEP_FILE
     path.parent.mkdir()
     path.write_text(json.dumps(BATCH_SWEEP))
+    from clover import assets_dir
+
+    (tmp_path / "figures").symlink_to(assets_dir() / "figures")
     monkeypatch.setenv("CLOVER_ASSETS_DIR", str(tmp_path))
     monkeypatch.setattr(Engine, "generate_batch", lambda *a, **k: pytest.fail("the app re-ran the sweep"))
     blocks = _explainer_blocks()
