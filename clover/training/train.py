@@ -201,7 +201,8 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             teacher = torch.softmax((target.head_logits(post[rows[ok], tgt]) if allowed is not None
                                      else heads.vocab_logits(post[rows[ok], tgt], target)).float(), dim=-1)
         logp = torch.log_softmax(logits[ok].float(), dim=-1)
-        ce = -(teacher * logp.clamp_min(-1e4)).sum(-1)  # (M,); -inf outside a prompt vocabulary
+        # (M,); with a prompt vocabulary, -inf outside it (where the teacher is not 0)
+        ce = -(teacher * (logp.clamp_min(-1e4) if allowed is not None else logp)).sum(-1)
         weight = cfg.decay ** k
         loss = loss + weight * ce.mean()
         if cfg.topk_weight > 0:  # HASS: the target's top-K, renormalised
@@ -363,7 +364,7 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
                                  sorted(target.eos_token_ids)) if cfg.draft_vocab else None)
         extra = {} if cfg.shared_recurrence else {"shared_recurrence": False}
         heads = new_heads(cfg.method, target, num_heads=cfg.num_heads, draft_vocab=vocab, **extra)
-    heads.requires_grad_(True).train()
+    heads.train()
     for p in heads.parameters():
         if p.dtype != torch.float32:
             p.data = p.data.float()  # master weights in fp32
