@@ -53,22 +53,20 @@ def main(argv=None) -> int:
     cols += [s for s in sets if s != "spec-bench"]
     print("| heads | kind | " + " | ".join(cols) + " | chain tau (Spec-Bench six-task) |")
     print("|---|---|" + "---|" * (len(cols) + 1))
-    runs = [(path, False) for path in args.heads]
-    if args.prompt_vocab:
-        runs = [(path, pv) for path in args.heads for pv in (False, True)]
-    for path, prompt_vocab in runs:
-        heads = load_heads(path, target)
-        res = {name: score(heads, target, recs, hidden, prompt_vocab) for name, recs in sets.items()}
-        path = f"{path} +prompt" if prompt_vocab else path
-        table[str(path)] = res
-        cells, tau = [], ""
-        if "spec-bench" in res:
-            sb = res["spec-bench"]
-            cells.append(f"**{100 * sb['six_task']['head1_top1']:.1f}**")
-            cells += [f"{100 * sb[t]['head1']['top1']:.1f}" for t in SPEC_BENCH_TASKS]
-            tau = f"{sb['six_task']['chain_tau']:.3f}"
-        cells += [f"{100 * res[s]['all']['head1']['top1']:.1f}" for s in res if s != "spec-bench"]
-        print(f"| {path} | {heads.config.kind} | " + " | ".join(cells) + f" | {tau} |", flush=True)
+    for folder in args.heads:
+        heads = load_heads(folder, target)
+        for prompt_vocab in ((False, True) if args.prompt_vocab else (False,)):
+            res = {name: score(heads, target, recs, hidden, prompt_vocab) for name, recs in sets.items()}
+            path = f"{folder} +prompt" if prompt_vocab else folder
+            table[str(path)] = res
+            cells, tau = [], ""
+            if "spec-bench" in res:
+                sb = res["spec-bench"]
+                cells.append(f"**{100 * sb['six_task']['head1_top1']:.1f}**")
+                cells += [f"{100 * sb[t]['head1']['top1']:.1f}" for t in SPEC_BENCH_TASKS]
+                tau = f"{sb['six_task']['chain_tau']:.3f}"
+            cells += [f"{100 * res[s]['all']['head1']['top1']:.1f}" for s in res if s != "spec-bench"]
+            print(f"| {path} | {heads.config.kind} | " + " | ".join(cells) + f" | {tau} |", flush=True)
     print("(head 1 top-1, %: the greedy acceptance of one drafted token)")
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
