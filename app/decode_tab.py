@@ -125,13 +125,13 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
 def busy_note(state: RunState) -> str:
     """A warning when the machine was busy during the run: plain decoding's median step
     (engine time) over :data:`clover.autotree.BUSY_SPREAD` times the quiet plain step the start-up
-    calibration measured (:meth:`app.registry.LoadedModel.plain_step_ms`); "" otherwise,
+    calibration measured (:meth:`app.sizing.TreeSizing.plain_step_ms`); "" otherwise,
     or where either is unknown."""
     plain = state.runs.get("ar") or []
     if len(plain) < 3 or state.model_key is None:
         return ""
     try:
-        quiet = loaded_model(state.model_key).plain_step_ms()
+        quiet = loaded_model(state.model_key).sizing.plain_step_ms()
     except KeyError:  # the model was unloaded since
         return ""
     if not quiet:
@@ -393,10 +393,10 @@ def speed_facts(st: RunState, method_value: str, steps: list) -> step_panels.Spe
     kind = split_method(method_value)[0]
     tree, auto = st.tree, bool(st.tree and st.tree.auto)
     if auto and loaded is not None and kind is not None:
-        tree = loaded.auto_trees.get(kind, tree)
+        tree = loaded.sizing.auto_trees.get(kind, tree)
     budget = tree.budget if kind is not None and tree is not None and not tree.off else None
     return step_panels.SpeedFacts(
-        costs=loaded.measured_verify_costs() if loaded is not None else None,
+        costs=loaded.sizing.measured_verify_costs() if loaded is not None else None,
         budget=budget, auto=auto, device=loaded.target.device.type if loaded else "cpu",
         tokens_per_step=run_stats(steps).tokens_per_step,
         verified_per_step=sum(len(s.nodes) for s in steps) / len(steps),

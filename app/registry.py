@@ -1,10 +1,9 @@
 """The app's loaded models: each target with its draft heads, loaded once and then only
-read, shared by every visitor (the only module-level state of the app).
+read, shared by every visitor (the only module-level state of the app; each model's
+auto trees, sized after start-up, are :mod:`app.sizing`'s).
 
 A model is registered under a key (:func:`register_model`); runs name it by key
 (:func:`get_model`, :func:`loaded_model`), so decoding can also run in a ZeroGPU worker.
-The "auto" tree budget of each head method is sized here, at the app's edge, never
-inside the engine.
 """
 from __future__ import annotations
 
@@ -15,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from clover import Engine, TreeConfig, encode_prompt, load_target
+from clover import Engine, encode_prompt, load_target
 from clover.methods import HEAD_KINDS, METHOD_LABELS, split_method
 
-from app import zerogpu
 from app.settings import auto_tree
+from app.sizing import TreeSizing
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +28,9 @@ CORE_HEAD_KINDS = ("medusa", "clover")
 # the methods every model offers to watch (the lookup branch: clover.methods.with_lookup)
 CORE_METHODS = ("ar", "lookup", *CORE_HEAD_KINDS)
 DEFAULT_MODEL_KEY = "default"
-# the "auto" tree where the calibration says no tree pays on this machine: the smallest
-# that still shows the method (a visitor who picked a head method came to see a tree)
-SHOW_BUDGET = 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedModel:
     """A target and its draft heads, loaded once and then only read.
 
@@ -46,10 +42,9 @@ class LoadedModel:
         sources: per speculative method where its heads came from, e.g.
             "trained, shipped with the app", "loaded from DIR", or "untrained".
         label: how the model is named in the UI.
-        calibrating: set while the start-up calibration measures in the background.
-
-    Measurements (auto trees, the verify cost curve) live in the target's
-    ``clover.autotree.Calibrator`` (:attr:`calibrator`), not here.
+        sizing: the auto tree of each head kind (:class:`app.sizing.TreeSizing`), the one
+            part that changes after start-up (sized in the background); its measurements
+            live in the target's ``clover.autotree.Calibrator``.
     """
 
     key: str
@@ -57,8 +52,11 @@ class LoadedModel:
     heads: dict
     sources: dict = field(default_factory=dict)
     label: str = ""
-    calibrating: threading.Event = field(default_factory=threading.Event, repr=False,
-                                         compare=False)
+    sizing: TreeSizing = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.sizing is None:
+            object.__setattr__(self, "sizing", TreeSizing(self.target, self.heads))
 
     @property
     def head_kinds(self) -> tuple[str, ...]:
@@ -82,126 +80,6 @@ class LoadedModel:
                              f"`clover train --method {kind}`), or pick another method")
 
     @property
-    def calibrator(self):
-        """The target's ``clover.autotree.Calibrator`` (for the store under
-        ``$CLOVER_CACHE_DIR``)."""
-        from clover.autotree import calibrator_for
-
-        return calibrator_for(self.target)
-
-    @property
-    def calibrations(self) -> dict:
-        """Per head kind, the ``clover.autotree.Calibration`` of its auto tree, where the
-        calibrator holds one."""
-        cals = {k: self.calibrator.known(self.heads.get(k), auto_tree()) for k in self.head_kinds
-                if self.heads.get(k) is not None}
-        return {k: c for k, c in cals.items() if c is not None}
-
-    @property
-    def auto_trees(self) -> dict:
-        """Per head kind, the concrete tree "auto" means in the app: the calibration's
-        tree, never "off": where no tree pays here, the smallest one
-        (:data:`SHOW_BUDGET`), so the method still shows."""
-        return {k: (replace(c.tree, kind="dynamic", budget=SHOW_BUDGET) if c.tree.off else c.tree)
-                for k, c in self.calibrations.items()}
-
-    def lookup_config(self):
-        """Prompt lookup settings for this model: the chain length adapts to this machine's
-        verify cost curve (measured once, a few seconds on a CPU, in the start-up
-        calibration or else on first use, then kept). While the calibration is still
-        running, and on ZeroGPU (which this process cannot time), a fixed chain of at most
-        4 tokens."""
-        from clover.lookup import LookupConfig
-
-        if zerogpu.active() or (self.calibrating.is_set()
-                                  and self.calibrator.known_costs() is None):
-            return LookupConfig(max_tokens=4)
-        return self.calibrator.lookup()
-
-    def measured_verify_costs(self) -> tuple[float, ...] | None:
-        """This machine's verify cost curve (ms of one target forward over 1, 2, ...
-        tokens) where it was already measured (for prompt lookup, in the start-up
-        calibration or a lookup run), else None. Never measures."""
-        return self.calibrator.known_costs()
-
-    def tree_for(self, method: str, tree: TreeConfig) -> TreeConfig:
-        """``tree``, or for an ``auto`` tree :attr:`auto_trees`' tree for this head kind
-        (the calibrator's, read from the stored calibration, or measured on first use,
-        seconds on a CPU, then kept). While :meth:`calibrate_in_background` is still
-        measuring, the default budget. On ZeroGPU (:mod:`app.zerogpu`) decoding runs on hardware
-        this process cannot time, so the default budget is used there."""
-        heads = self.heads.get(method)
-        if not tree.auto or heads is None:
-            return tree
-        if zerogpu.active():
-            return replace(tree, auto=False)
-        known = self.auto_trees.get(method)
-        if known is not None:  # never wait on the lock the background calibration holds
-            return known
-        if self.calibrating.is_set():
-            return replace(tree, auto=False)
-        self._calibrate(method, measure=True)
-        return self.auto_trees[method]
-
-    def _calibrate(self, kind: str, measure: bool) -> bool:
-        """Size ``kind``'s auto tree (the stored choice, else measured when ``measure``);
-        False where nothing is stored and ``measure`` is False."""
-        return self.calibrator.calibration(self.heads[kind], auto_tree(), measure=measure) is not None
-
-    def plain_step_ms(self) -> float | None:
-        """A plain step's time (ms) on this machine when quiet, from the calibration (the
-        fastest of its repeats), or None where not measured."""
-        return self.calibrator.plain_step_ms()
-
-    def calibrate_in_background(self) -> threading.Thread | None:
-        """Size the auto trees without holding up start-up: stored sizes are read at once;
-        any left are measured in a daemon thread (runs meanwhile use the default budget),
-        which then decodes two tokens per method (warm-up). Returns the thread, or None
-        when nothing was left to measure."""
-        todo = [m for m in self.head_kinds if self.heads.get(m) is not None
-                and m not in self.auto_trees and not self._calibrate(m, measure=False)]
-        if not todo or zerogpu.active():
-            return None
-        self.calibrating.set()
-
-        def work():
-            try:
-                for m in todo:
-                    self._calibrate(m, measure=True)
-                self.calibrator.lookup()  # the verify cost curve for prompt lookup, before
-                self.calibrating.clear()  # lookup runs stop using the fixed chain
-                log.info("auto trees sized: %s", {m: t.budget for m, t in self.auto_trees.items()})
-            except Exception:  # the default tree stays in use; the app keeps serving
-                log.exception("sizing the auto tree failed; using the default budget")
-            finally:
-                self.calibrating.clear()
-            _warm_up(self)
-
-        thread = threading.Thread(target=work, daemon=True, name="clover-auto-tree")
-        thread.start()
-        return thread
-
-    def tree_note(self) -> str:
-        """One line on the auto trees in use: budgets, and where the measurement says no
-        tree pays on this machine (or was taken while it was busy), the figures."""
-        names = METHOD_LABELS
-        parts, notes = [], []
-        for m, t in sorted(self.auto_trees.items()):
-            parts.append(f"{names[m]} {t.budget} drafted token{'s' if t.budget != 1 else ''}")
-            cal = self.calibrations.get(m)
-            if cal is not None and cal.tree.off:
-                figures = (f" (best expected {cal.expected:.2f}x plain, at {cal.best_budget} "
-                           f"drafted token{'s' if cal.best_budget != 1 else ''})"
-                           if cal.expected and cal.best_budget else "")
-                notes.append(f"for {names[m]} no tree pays on this machine{figures}, so it "
-                             f"drafts the smallest tree to show the method")
-            if cal is not None and cal.busy:
-                notes.append(f"{names[m]}'s was measured while the machine was busy: "
-                             f"it is re-measured at the next start")
-        text = " · **auto tree:** " + ", ".join(parts)
-        return text + (f" ({'; '.join(notes)})" if notes else "")
-
-    @property
     def untrained(self) -> list[str]:
         """Speculative methods whose heads are freshly initialised."""
         return [m for m, s in self.sources.items() if s.startswith("untrained")]
@@ -213,11 +91,7 @@ class LoadedModel:
         heads = " · ".join(f"**{names[m]} heads:** {'⚠ ' if m in self.untrained else ''}"
                            f"{self.sources[m]}" for m in self.head_kinds)
         text = (f"**Model:** {self.label} on {self.target.device.type} · {heads}")
-        if self.calibrating.is_set():
-            text += (f" · **auto tree:** being sized for this machine in the background "
-                     f"(meanwhile {auto_tree().budget} drafted tokens)")
-        elif self.auto_trees:
-            text += self.tree_note()
+        text += self.sizing.note()
         if self.untrained:
             which = " and ".join(names[m] for m in self.untrained)
             text += (f"\n\n> ⚠ **Untrained draft heads.** There are no trained {which} heads for "
@@ -311,7 +185,7 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     from a test) where given and the rest loaded as :func:`load_heads_for` does.
 
     ``warm_up``: True sizes the auto trees and decodes two tokens per method now;
-    "background" does it in a thread (see :meth:`LoadedModel.calibrate_in_background`);
+    "background" does it in a thread (see :meth:`app.sizing.TreeSizing.start_background`);
     False skips it.
     """
     given = dict(heads or {})
@@ -323,7 +197,7 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     loaded = LoadedModel(key, target, {"ar": None, **given, **loaded_heads}, all_sources,
                          label or target.name)
     if warm_up == "background":
-        if loaded.calibrate_in_background() is None:
+        if loaded.sizing.start_background(then=lambda: _warm_up(loaded)) is None:
             _warm_up(loaded)
     elif warm_up:
         _warm_up(loaded)
@@ -408,5 +282,5 @@ def _warm_up(loaded: LoadedModel) -> None:
     timings do not include one-off start-up costs."""
     ids = encode_prompt(loaded.target.tokenizer, "Hello")
     for method in ("ar", *loaded.head_kinds):
-        tree = replace(loaded.tree_for(method, auto_tree()), auto=False)  # "ar": no tree to size
+        tree = replace(loaded.sizing.tree_for(method, auto_tree()), auto=False)  # "ar": no tree to size
         Engine(loaded.target, loaded.heads[method], tree).generate(ids, 2)

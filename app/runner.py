@@ -36,8 +36,8 @@ def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: i
     kind, uses_lookup = split_method(method)
     # the tree is resolved here (auto -> the measured budget), never inside the engine
     engine = Engine(loaded.target, loaded.heads.get(kind) if kind else None,
-                    loaded.tree_for(kind, tree) if kind else replace(tree, auto=False),
-                    loaded.lookup_config() if uses_lookup else None)
+                    loaded.sizing.tree_for(kind, tree) if kind else replace(tree, auto=False),
+                    loaded.sizing.lookup_config() if uses_lookup else None)
     run = engine.stream(prompt_ids, max_new_tokens, sampling)
     for step in run:
         yield step

@@ -19,7 +19,7 @@ MAX_TEMPERATURE = 5.0
 def auto_tree() -> TreeConfig:
     """The tree setting "auto": the library's default dynamic tree, marked ``auto`` so each
     model and method gets the budget measured for this machine (see
-    :meth:`app.registry.LoadedModel.tree_for`)."""
+    :meth:`app.sizing.TreeSizing.tree_for`)."""
     return TreeConfig(auto=True)
 
 

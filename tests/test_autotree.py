@@ -213,10 +213,10 @@ def test_one_calibrator_per_target_holds_every_measurement(monkeypatch, tmp_path
     loaded = registry.register_model("test-one-home", target, heads={"clover": heads, "medusa": None},
                                      warm_up=False)
     try:
-        assert loaded.tree_for("clover", TreeConfig(auto=True)) == tree
-        assert loaded.calibrations["clover"] is cal.known(heads)
-        assert loaded.measured_verify_costs() == first.costs
-        assert loaded.plain_step_ms() == 10.0
+        assert loaded.sizing.tree_for("clover", TreeConfig(auto=True)) == tree
+        assert loaded.sizing.calibrations["clover"] is cal.known(heads)
+        assert loaded.sizing.measured_verify_costs() == first.costs
+        assert loaded.sizing.plain_step_ms() == 10.0
     finally:
         registry.forget_model("test-one-home")
     other = at.calibrator_for(target, tmp_path / "other.json")

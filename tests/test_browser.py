@@ -34,9 +34,9 @@ def calibrated(before: set, timeout_s: float = 600.0):
     (key,) = set(registry.model_keys()) - before
     loaded = registry.loaded_model(key)
     deadline = time.monotonic() + timeout_s
-    while loaded.calibrating.is_set() and time.monotonic() < deadline:
+    while loaded.sizing.calibrating.is_set() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not loaded.calibrating.is_set(), "the start-up calibration did not finish"
+    assert not loaded.sizing.calibrating.is_set(), "the start-up calibration did not finish"
     return loaded
 
 
@@ -388,7 +388,7 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
         demo = build_demo(target=embedded)
         loaded = calibrated(before)
         url = serve(demo)
-        tree = loaded.tree_for("clover", TreeConfig(auto=True))
+        tree = loaded.sizing.tree_for("clover", TreeConfig(auto=True))
         assert tree.kind == "dynamic" and tree.budget >= 1
         page = start_run(browser, url, "Explain why the sky is blue in two sentences.", 32,
                          compare=True)
@@ -405,7 +405,7 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
         assert "All methods wrote exactly the same text" in page.inner_text("#status")
         shot(page, tmp_path, "app-busy-done.png")
         stored = tmp_path / "cache" / "autotree.json"
-        if any(c.busy for c in loaded.calibrations.values()):
+        if any(c.busy for c in loaded.sizing.calibrations.values()):
             assert "re-measured at the next start" in page.inner_text("#model-notice") or stored.exists()
     finally:
         for h in hogs:

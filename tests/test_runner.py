@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app import registry, runner
+from app import registry, runner, sizing
 from app import settings as app_settings
 from clover import Engine, TreeConfig
 from clover.heads import new_heads
@@ -194,11 +194,11 @@ def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
     loaded = registry.register_model("test-never-off", target, warm_up=True)
     try:
         for kind in ("medusa", "clover"):
-            assert loaded.calibrations[kind].tree.off
-            tree = loaded.tree_for(kind, app_settings.auto_tree())
-            assert tree.kind == "dynamic" and tree.budget == registry.SHOW_BUDGET
+            assert loaded.sizing.calibrations[kind].tree.off
+            tree = loaded.sizing.tree_for(kind, app_settings.auto_tree())
+            assert tree.kind == "dynamic" and tree.budget == sizing.SHOW_BUDGET
             out = Engine(target, loaded.heads[kind], tree).generate([5, 6, 7], 8)
-            assert all(len(s.nodes) == 1 + registry.SHOW_BUDGET for s in out.steps[:-1])
+            assert all(len(s.nodes) == 1 + sizing.SHOW_BUDGET for s in out.steps[:-1])
         notice = loaded.notice()
         assert "no tree pays on this machine (best expected" in notice
         assert "drafts the smallest tree to show the method" in notice
@@ -211,8 +211,8 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
 
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-auto", target, warm_up=True)
-    assert set(loaded.auto_trees) == {"medusa", "clover"}
-    for tree in loaded.auto_trees.values():
+    assert set(loaded.sizing.auto_trees) == {"medusa", "clover"}
+    for tree in loaded.sizing.auto_trees.values():
         assert tree.kind == "dynamic" and not tree.auto and tree.budget >= 1
     assert "auto tree:" in loaded.notice()
 
@@ -220,10 +220,10 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
         raise AssertionError("measured twice")
 
     monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
-    assert loaded.tree_for("clover", app_settings.tree_config("auto")) == loaded.auto_trees["clover"]
+    assert loaded.sizing.tree_for("clover", app_settings.tree_config("auto")) == loaded.sizing.auto_trees["clover"]
     fixed = app_settings.tree_config("6")
-    assert loaded.tree_for("clover", fixed) == fixed
-    assert loaded.tree_for("ar", app_settings.tree_config("auto")).auto  # plain decoding has no tree
+    assert loaded.sizing.tree_for("clover", fixed) == fixed
+    assert loaded.sizing.tree_for("ar", app_settings.tree_config("auto")).auto  # plain decoding has no tree
     registry.forget_model("test-auto")
 
 
@@ -340,25 +340,25 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     target = tiny_target("llama", vocab_size=64)
     heads = {"medusa": new_heads("medusa", target), "clover": new_heads("clover", target)}
     loaded = registry.register_model("test-bg", target, heads=dict(heads), warm_up="background")
-    assert loaded.calibrating.is_set() and not loaded.auto_trees
+    assert loaded.sizing.calibrating.is_set() and not loaded.sizing.auto_trees
     assert "being sized for this machine in the background" in loaded.notice()
-    default = loaded.tree_for("clover", app_settings.auto_tree())
+    default = loaded.sizing.tree_for("clover", app_settings.auto_tree())
     assert not default.auto and default.budget == app_settings.auto_tree().budget
     gates[0].set()
     for _ in range(600):
-        if loaded.auto_trees:
+        if loaded.sizing.auto_trees:
             break
         threading.Event().wait(0.1)
-    (first,) = loaded.auto_trees  # sized; the other method's measurement holds the lock
+    (first,) = loaded.sizing.auto_trees  # sized; the other method's measurement holds the lock
     began = time.monotonic()
-    assert loaded.tree_for(first, app_settings.auto_tree()) == loaded.auto_trees[first]
+    assert loaded.sizing.tree_for(first, app_settings.auto_tree()) == loaded.sizing.auto_trees[first]
     assert time.monotonic() - began < 5  # did not wait for the other measurement
     gates[1].set()
     for _ in range(600):
-        if not loaded.calibrating.is_set():
+        if not loaded.sizing.calibrating.is_set():
             break
         threading.Event().wait(0.1)
-    assert set(loaded.auto_trees) == {"medusa", "clover"} and len(measured) == 2
+    assert set(loaded.sizing.auto_trees) == {"medusa", "clover"} and len(measured) == 2
     assert "background" not in loaded.notice() and "auto tree:" in loaded.notice()
     assert (tmp_path / "autotree.json").is_file()
 
@@ -367,7 +367,7 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
 
     monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
     again = registry.register_model("test-bg2", target, heads=dict(heads), warm_up="background")
-    assert not again.calibrating.is_set() and again.auto_trees == loaded.auto_trees
+    assert not again.sizing.calibrating.is_set() and again.sizing.auto_trees == loaded.sizing.auto_trees
     other = registry.register_model("test-bg3", target, warm_up=False)  # other weights
     assert clover.autotree.stored_auto_tree(target, other.heads["clover"], measure=False) is None
     for key in ("test-bg", "test-bg2", "test-bg3"):

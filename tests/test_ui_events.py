@@ -163,7 +163,7 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-busy", target, warm_up=True)
     try:
-        assert loaded.plain_step_ms() == 10.0
+        assert loaded.sizing.plain_step_ms() == 10.0
         steps = Engine(target).generate([5, 6, 7], 6).steps
         st = decode_tab.RunState("clover", model_key="test-busy")
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=40.0) for s in steps]

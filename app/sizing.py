@@ -1,0 +1,175 @@
+"""The "auto" tree of each head kind, sized for this machine at the app's edge (never
+inside the engine), and the one piece of the app that changes after start-up.
+
+A :class:`TreeSizing` belongs to one loaded model (:class:`app.registry.LoadedModel`, which
+is otherwise only read). Its measurements live in the target's
+``clover.autotree.Calibrator`` (stored under ``$CLOVER_CACHE_DIR``, so a restart reads
+them instead of measuring); what lives here is whether a background measurement is
+running (an event and its thread) and how the app reads the measurements: the tree a
+run gets, the prompt lookup chain, the quiet plain-step time and the banner's line.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Callable
+
+from clover import TreeConfig
+from clover.methods import METHOD_LABELS
+
+from app import zerogpu
+from app.settings import auto_tree
+
+log = logging.getLogger(__name__)
+
+# the "auto" tree where the calibration says no tree pays on this machine: the smallest
+# that still shows the method (a visitor who picked a head method came to see a tree)
+SHOW_BUDGET = 1
+
+
+class TreeSizing:
+    """The auto trees of one model's draft heads: read from the stored calibration, or
+    measured (seconds per head kind on a CPU) on first use or in the background.
+
+    Args:
+        target: the model's ``clover.TargetModel``.
+        heads: per head kind its heads (None for a kind without heads, e.g. "ar").
+
+    Attributes:
+        calibrating: set while :meth:`start_background` measures.
+    """
+
+    def __init__(self, target, heads: dict):
+        self.target = target
+        self.heads = heads
+        self.calibrating = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def calibrator(self):
+        """The target's ``clover.autotree.Calibrator`` (its store under
+        ``$CLOVER_CACHE_DIR``)."""
+        from clover.autotree import calibrator_for
+
+        return calibrator_for(self.target)
+
+    def _kinds(self) -> list[str]:
+        return [k for k, h in self.heads.items() if h is not None]
+
+    @property
+    def calibrations(self) -> dict:
+        """Per head kind, the ``clover.autotree.Calibration`` of its auto tree, where the
+        calibrator holds one."""
+        cals = {k: self.calibrator.known(self.heads[k], auto_tree()) for k in self._kinds()}
+        return {k: c for k, c in cals.items() if c is not None}
+
+    @property
+    def auto_trees(self) -> dict:
+        """Per head kind, the concrete tree "auto" means in the app: the calibration's
+        tree, never "off": where no tree pays here, the smallest one
+        (:data:`SHOW_BUDGET`), so the method still shows."""
+        return {k: (replace(c.tree, kind="dynamic", budget=SHOW_BUDGET) if c.tree.off else c.tree)
+                for k, c in self.calibrations.items()}
+
+    def tree_for(self, kind: str | None, tree: TreeConfig) -> TreeConfig:
+        """``tree``, or for an ``auto`` tree :attr:`auto_trees`' tree for head kind ``kind``
+        (stored, or measured now on first use, then kept). While :meth:`start_background`
+        is still measuring, and on ZeroGPU (:mod:`app.zerogpu`: hardware this process
+        cannot time), the default budget."""
+        heads = self.heads.get(kind) if kind else None
+        if not tree.auto or heads is None:
+            return tree
+        if zerogpu.active():
+            return replace(tree, auto=False)
+        known = self.auto_trees.get(kind)
+        if known is not None:  # never wait on the lock the background calibration holds
+            return known
+        if self.calibrating.is_set():
+            return replace(tree, auto=False)
+        self._calibrate(kind, measure=True)
+        return self.auto_trees[kind]
+
+    def _calibrate(self, kind: str, measure: bool) -> bool:
+        """Size ``kind``'s auto tree (the stored choice, else measured when ``measure``);
+        False where nothing is stored and ``measure`` is False."""
+        return self.calibrator.calibration(self.heads[kind], auto_tree(), measure=measure) is not None
+
+    def lookup_config(self):
+        """Prompt lookup settings: the chain length adapts to this machine's verify cost
+        curve (measured once, a few seconds on a CPU, then kept). While the background
+        calibration runs, and on ZeroGPU, a fixed chain of at most 4 tokens."""
+        from clover.lookup import LookupConfig
+
+        if zerogpu.active() or (self.calibrating.is_set()
+                                  and self.calibrator.known_costs() is None):
+            return LookupConfig(max_tokens=4)
+        return self.calibrator.lookup()
+
+    def measured_verify_costs(self) -> tuple[float, ...] | None:
+        """This machine's verify cost curve (ms of one target forward over 1, 2, ...
+        tokens) where it was already measured, else None. Never measures."""
+        return self.calibrator.known_costs()
+
+    def plain_step_ms(self) -> float | None:
+        """A plain step's time (ms) on this machine when quiet, from the calibration (the
+        fastest of its repeats), or None where not measured."""
+        return self.calibrator.plain_step_ms()
+
+    def start_background(self, then: Callable[[], None] | None = None) -> threading.Thread | None:
+        """Size the auto trees without holding up start-up: stored sizes are read at once;
+        any left are measured in a daemon thread (runs meanwhile use the default budget),
+        which afterwards measures the lookup cost curve and calls ``then`` (the app's
+        warm-up). Returns the thread, or None when nothing was left to measure (``then``
+        is not called)."""
+        todo = [k for k in self._kinds() if k not in self.auto_trees
+                and not self._calibrate(k, measure=False)]
+        if not todo or zerogpu.active():
+            return None
+        self.calibrating.set()
+
+        def work():
+            try:
+                for k in todo:
+                    self._calibrate(k, measure=True)
+                self.calibrator.lookup()  # the verify cost curve for prompt lookup, before
+                self.calibrating.clear()  # lookup runs stop using the fixed chain
+                log.info("auto trees sized: %s", {k: t.budget for k, t in self.auto_trees.items()})
+            except Exception:  # the default tree stays in use; the app keeps serving
+                log.exception("sizing the auto tree failed; using the default budget")
+            finally:
+                self.calibrating.clear()
+            if then is not None:
+                then()
+
+        self.thread = threading.Thread(target=work, daemon=True, name="clover-auto-tree")
+        self.thread.start()
+        return self.thread
+
+    def note(self) -> str:
+        """The banner's words on the auto trees: being sized (with the budget used
+        meanwhile), or the budgets in use and, where the measurement says no tree pays on
+        this machine (or was taken while it was busy), the figures. "" with no trees."""
+        if self.calibrating.is_set():
+            return (f" · **auto tree:** being sized for this machine in the background "
+                    f"(meanwhile {auto_tree().budget} drafted tokens)")
+        trees = self.auto_trees
+        if not trees:
+            return ""
+        parts, notes = [], []
+        cals = self.calibrations
+        for k, t in sorted(trees.items()):
+            name = METHOD_LABELS[k]
+            parts.append(f"{name} {t.budget} drafted token{'s' if t.budget != 1 else ''}")
+            cal = cals.get(k)
+            if cal is not None and cal.tree.off:
+                figures = (f" (best expected {cal.expected:.2f}x plain, at {cal.best_budget} "
+                           f"drafted token{'s' if cal.best_budget != 1 else ''})"
+                           if cal.expected and cal.best_budget else "")
+                notes.append(f"for {name} no tree pays on this machine{figures}, so it "
+                             f"drafts the smallest tree to show the method")
+            if cal is not None and cal.busy:
+                notes.append(f"{name}'s was measured while the machine was busy: "
+                             f"it is re-measured at the next start")
+        text = " · **auto tree:** " + ", ".join(parts)
+        return text + (f" ({'; '.join(notes)})" if notes else "")
