@@ -154,6 +154,10 @@ def test_draft_vocabulary(kind, tmp_path):
     assert heads.draft_vocab.tolist() == vocab and heads.config.draft_vocab_size == 8
     h = torch.randn(3, target.hidden_size)
     assert torch.allclose(heads.vocab_logits(h, target), target.head_logits(h)[:, vocab], atol=1e-6)
+    with pytest.raises(RuntimeError), heads.whole_vocabulary():  # every token, until the block ends
+        assert torch.equal(heads.vocab_logits(h, target), target.head_logits(h))
+        raise RuntimeError
+    assert heads.draft_vocab.tolist() == vocab and heads.vocab_logits(h, target).shape == (3, 8)
     # drafted trees use only draft-vocabulary tokens
     from clover import Engine, TreeConfig
     engine = Engine(target, heads, TreeConfig(budget=12, branching=3))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -120,6 +121,19 @@ class DraftHeads(nn.Module):
             raise ValueError(f"expected {self.config.draft_vocab_size} distinct draft token ids, got {len(ids)}")
         self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
         self._vocab_weight = None
+
+    @contextmanager
+    def whole_vocabulary(self):
+        """Within this block the heads project onto the target's whole vocabulary (V
+        columns, column j = token j) instead of their draft vocabulary; the weights are
+        unchanged. For scoring what the heads would draft from a larger vocabulary
+        (``clover.training.train.batch_loss(prompt_vocab=True)``); the heads must not
+        draft elsewhere meanwhile (not thread-safe)."""
+        vocab, self.draft_vocab = self.draft_vocab, None
+        try:
+            yield self
+        finally:
+            self.draft_vocab = vocab
 
     def vocab_logits(self, h: torch.Tensor, target) -> torch.Tensor:
         """The frozen lm_head over the draft vocabulary: (..., D) -> (..., V').

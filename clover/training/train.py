@@ -175,11 +175,8 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         allowed = torch.zeros(ids.shape[0], target.vocab_size, dtype=torch.bool, device=ids.device)
         allowed[:, heads.draft_vocab] = True
         allowed.scatter_(1, torch.where(mask.bool(), heads.draft_vocab[0], ids), True)  # (B, V)
-        vocab, heads.draft_vocab = heads.draft_vocab, None  # the heads' output over every token
-        try:
+        with heads.whole_vocabulary():
             outs = head_outputs(heads, target, ids, pre, rows, cols, None, gen)
-        finally:
-            heads.draft_vocab = vocab
         outs = [(logits.masked_fill(~allowed[rows], float("-inf")), z) for logits, z in outs]
     else:
         outs = head_outputs(heads, target, ids, pre, rows, cols, cfg if training else None, gen)
