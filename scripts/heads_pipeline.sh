@@ -70,6 +70,18 @@ EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py assets/heads/clover assets/heads/medusa \
   "$RUNS/$CLOVER_RUN" "$RUNS/$MEDUSA_RUN" --threads "$THREADS" --json "$EVAL"
 
+# Levers, one A/B each at equal compute: the shipped Clover heads continued 1,000 steps
+# with and without the lever (the same seed, batches and positions), both scored on the
+# yardstick. Argmax-sharpened loss: a hard cross-entropy on the target's greedy token
+# beside the soft one (--argmax-weight).
+LEVER=(--preset smollm2-clover --init-heads assets/heads/clover --steps 1000 --positions 64 --lr 5e-4
+       --eval-every 250)
+run "lever-base-$(stamp clover)" "${LEVER[@]}"
+run "lever-argmax-$(stamp clover)" "${LEVER[@]}" --argmax-weight 0.5
+EVAL="$CACHE/yardstick-levers-$(stamp clover).json"
+[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
+  "$RUNS/lever-argmax-$(stamp clover)" --threads "$THREADS" --json "$EVAL"
+
 run curve-clover --preset smollm2-clover --steps 8500
 run curve-medusa --preset smollm2-medusa --steps 8500
 run curve-clover2 --preset smollm2-clover2 --steps 3400

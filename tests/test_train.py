@@ -386,6 +386,39 @@ def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path
     assert evaluate(kept, target, held, cfg, 1) == evaluate(kept, target, held, cfg, 1)
 
 
+def test_argmax_term_adds_the_hard_cross_entropy_of_the_targets_greedy_token(tmp_path, prompt_file):
+    """argmax_weight w adds w * decay**(k-1) * mean(-log p_head(argmax of the target))
+    per head k to the soft loss, recomputed here position by position."""
+    from clover.heads import new_heads
+    from clover.training.data import collate
+    from clover.training.hidden_cache import target_hidden
+    from clover.training.train import batch_loss
+    from conftest import perturb
+
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    cfg = TrainConfig(method="clover", num_heads=2, heldout_percent=0, positions=0, decay=0.5)
+    records, _ = load_split(data, cfg)
+    heads = perturb(new_heads("clover", target, num_heads=2), 0.3).eval()
+    ids, mask = collate(records[:4], 1)
+    hidden = target_hidden(target, ids)
+    with torch.no_grad():
+        soft, _ = batch_loss(heads, target, ids, mask, cfg, torch.Generator(), 0, hidden)
+        both, _ = batch_loss(heads, target, ids, mask, replace(cfg, argmax_weight=2.0),
+                             torch.Generator(), 0, hidden)
+        rows = torch.nonzero(mask[:, 2:]).T  # (2, M): every position s whose s+2 is answer
+        outs = heads.training_outputs(target, ids, hidden[0], rows[0], rows[1])
+        T, want = ids.shape[1], 0.0
+        for k, (logits, _) in enumerate(outs):
+            terms = [-torch.log_softmax(logits[j], -1)[target.head_logits(hidden[1][b, s + k + 1]).argmax()]
+                     for j, (b, s) in enumerate(rows.T.tolist()) if s + k + 2 < T and mask[b, s + k + 2]]
+            want += 2.0 * 0.5 ** k * float(torch.stack(terms).mean())
+    assert want > 0 and float(both - soft) == pytest.approx(want, rel=1e-4)
+    with pytest.raises(ValueError, match="argmax_weight"):
+        TrainConfig(argmax_weight=-1.0)
+
+
 def test_training_data_from_several_folders(tmp_path, prompt_file):
     target = tiny_target("llama", eos=1)
     build_dataset(target, prompt_file, tmp_path / "greedy", data_cfg(temperatures=(0.0,)), progress=False)

@@ -56,6 +56,9 @@ class TrainConfig:
             its ``topk`` most likely tokens; it stresses the ranking among the tokens a
             tree drafts.
         topk: K of that term.
+        argmax_weight: weight of a hard cross-entropy term against the target's greedy
+            next token (its argmax over the draft vocabulary; 0 = off) beside the soft
+            one: it sharpens each head toward the one token greedy verification accepts.
         shared_recurrence: Clover-2 only; False gives heads 2..K their own recurrent
             projectors (the ablation of the design's weight sharing, see
             ``HeadConfig.shared_recurrence``).
@@ -95,6 +98,7 @@ class TrainConfig:
     feature_noise: float = 0.0
     topk_weight: float = 0.0
     topk: int = 10
+    argmax_weight: float = 0.0
     shared_recurrence: bool = True
     select: str = "chain"
     keep_evals: bool = False
@@ -117,8 +121,8 @@ class TrainConfig:
             raise ValueError("heldout_percent must be in [0, 100)")
         if not 0 <= self.dropout < 1 or self.feature_noise < 0 or self.weight_decay < 0:
             raise ValueError("dropout must be in [0, 1); feature_noise and weight_decay >= 0")
-        if self.topk_weight < 0 or self.topk < 1:
-            raise ValueError("topk_weight must be >= 0 and topk >= 1")
+        if self.topk_weight < 0 or self.topk < 1 or self.argmax_weight < 0:
+            raise ValueError("topk_weight and argmax_weight must be >= 0 and topk >= 1")
         if not self.shared_recurrence and self.method != "clover2":
             raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.method} has no recurrence")
 

@@ -206,6 +206,8 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
             p, idx = teacher.topk(min(cfg.topk, teacher.shape[-1]), dim=-1)
             p = p / p.sum(-1, keepdim=True)
             loss = loss + weight * cfg.topk_weight * -(p * logp.gather(-1, idx)).sum(-1).mean()
+        if cfg.argmax_weight > 0 and allowed is None:  # the target's greedy token, a hard label
+            loss = loss + weight * cfg.argmax_weight * nn.functional.nll_loss(logp, teacher.argmax(-1))
         if cfg.hidden_weight > 0:
             ref = (pre if heads.regression_space == "pre" else post)[rows[ok], tgt]
             loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
