@@ -32,6 +32,16 @@ def data_cfg(**kw):
                          "records_per_shard": 8, **kw})
 
 
+@pytest.fixture()
+def tiny_data(tmp_path, prompt_file):
+    """A tiny Llama target (EOS id 1) and a self-distillation folder it answered
+    (greedy and sampled, 12 new tokens): ``(target, data folder)``."""
+    target = tiny_target("llama", eos=1)
+    data = tmp_path / "data"
+    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    return target, data
+
+
 def test_data_is_deterministic_and_masks_answers(tmp_path, prompt_file):
     target = tiny_target("llama", eos=1)
     n = build_dataset(target, prompt_file, tmp_path / "a", data_cfg(), progress=False)
@@ -161,10 +171,8 @@ def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, promp
                                                               "steps": 4}), progress=False)
 
 
-def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+def test_training_resumes_from_checkpoint(tmp_path, tiny_data):
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, steps=6, batch_size=2, eval_every=0,
                       save_every=3, heldout_percent=0)
     out = tmp_path / "heads"
@@ -178,12 +186,10 @@ def test_training_resumes_from_checkpoint(tmp_path, prompt_file):
         train(target, data, out, TrainConfig(**{**cfg.__dict__, "num_heads": 3}), progress=False)
 
 
-def test_training_continues_from_given_heads(tmp_path, prompt_file):
+def test_training_continues_from_given_heads(tmp_path, tiny_data):
     """--init-heads starts from saved heads (their weights and draft vocabulary) and
     refuses heads of another kind or shape."""
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, steps=3, batch_size=2, eval_every=0,
                       heldout_percent=0, draft_vocab=16)
     train(target, data, tmp_path / "first", cfg, progress=False)
@@ -209,10 +215,8 @@ def test_training_continues_from_given_heads(tmp_path, prompt_file):
         train(target, data, tmp_path / "z", replace(cont, draft_vocab=32), progress=False)
 
 
-def test_heads_trained_for_another_target_fail_clearly(tmp_path, prompt_file):
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+def test_heads_trained_for_another_target_fail_clearly(tmp_path, tiny_data):
+    target, data = tiny_data
     cfg = TrainConfig(method="medusa", num_heads=1, steps=2, batch_size=2, heldout_percent=0)
     train(target, data, tmp_path / "heads", cfg, progress=False)
     with pytest.raises(ValueError, match="do not fit"):
@@ -252,13 +256,11 @@ def test_hidden_cache_matches_a_fresh_forward():
     assert len(cache.store) == 3
 
 
-def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
+def test_hidden_cache_file_is_shared_between_runs(tmp_path, tiny_data):
     from clover.training.data import collate
     from clover.training.hidden_cache import HiddenCache, target_hidden
 
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="medusa", steps=3, batch_size=2, positions=4, eval_every=0, save_every=0,
                       heldout_percent=30, eval_conversations=4)
     file = tmp_path / "hidden.safetensors"
@@ -279,15 +281,13 @@ def test_hidden_cache_file_is_shared_between_runs(tmp_path, prompt_file):
         HiddenCache(tiny_target("llama", eos=1, seed=5), path=file)  # same name, other weights
 
 
-def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
+def test_training_with_a_draft_vocabulary(tmp_path, tiny_data):
     from clover.training.train import frequent_tokens
 
     recs = [{"input_ids": [5, 5, 6, 7, 7, 7], "loss_mask": [0, 1, 1, 1, 1, 1]}]
     assert frequent_tokens(recs, 3, 96, always=[1]) == [1, 5, 7]
     assert frequent_tokens(recs, 5, 96) == [0, 1, 5, 6, 7]
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, steps=3, batch_size=2, heldout_percent=0,
                       draft_vocab=16, eval_every=0)
     train(target, data, tmp_path / "heads", cfg, progress=False)
@@ -300,10 +300,8 @@ def test_training_with_a_draft_vocabulary(tmp_path, prompt_file):
     assert 0 <= ev["head1"]["top1"] <= ev["head1"]["top5"] <= 1
 
 
-def test_max_conversations_takes_the_first_records_in_file_order(tmp_path, prompt_file):
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+def test_max_conversations_takes_the_first_records_in_file_order(tiny_data):
+    target, data = tiny_data
     cfg = TrainConfig(method="medusa", heldout_percent=0)
     everything, _ = load_split(data, cfg)
     first, _ = load_split(data, replace(cfg, max_conversations=5))
@@ -312,7 +310,7 @@ def test_max_conversations_takes_the_first_records_in_file_order(tmp_path, promp
         TrainConfig(max_conversations=-1)
 
 
-def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_file):
+def test_chain_acceptance_counts_leading_runs_of_right_drafts(tiny_data):
     """chain_tau = 1 + sum_k P(heads 1..k all give the target's greedy next token),
     recomputed here position by position from the heads' own outputs."""
     from clover.heads import new_heads
@@ -321,9 +319,7 @@ def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_f
     from clover.training.train import sample_positions
     from conftest import perturb
 
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=3, heldout_percent=0, eval_conversations=64)
     records, _ = load_split(data, cfg)
     heads = perturb(new_heads("clover", target, num_heads=3), 0.3).eval()
@@ -351,7 +347,7 @@ def test_chain_acceptance_counts_leading_runs_of_right_drafts(tmp_path, prompt_f
     assert ev["head1"]["chain"] >= ev["head2"]["chain"] >= ev["head3"]["chain"]
 
 
-def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path, prompt_file):
+def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path, tiny_data):
     from clover.training.train import perturb_features
 
     x = torch.randn(4, 64)
@@ -365,9 +361,7 @@ def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path
     with pytest.raises(ValueError, match="select"):
         TrainConfig(select="loss")
 
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, steps=6, batch_size=4, heldout_percent=30,
                       eval_every=1, save_every=3, lr=3e-2, weight_decay=0.01, dropout=0.1,
                       feature_noise=0.2, topk_weight=0.5, topk=4)
@@ -386,7 +380,7 @@ def test_regularised_training_and_checkpoint_choice_by_chain_acceptance(tmp_path
     assert evaluate(kept, target, held, cfg, 1) == evaluate(kept, target, held, cfg, 1)
 
 
-def test_argmax_term_adds_the_hard_cross_entropy_of_the_targets_greedy_token(tmp_path, prompt_file):
+def test_argmax_term_adds_the_hard_cross_entropy_of_the_targets_greedy_token(tiny_data):
     """argmax_weight w adds w * decay**(k-1) * mean(-log p_head(argmax of the target))
     per head k to the soft loss, recomputed here position by position."""
     from clover.heads import new_heads
@@ -395,9 +389,7 @@ def test_argmax_term_adds_the_hard_cross_entropy_of_the_targets_greedy_token(tmp
     from clover.training.train import batch_loss
     from conftest import perturb
 
-    target = tiny_target("llama", eos=1)
-    data = tmp_path / "data"
-    build_dataset(target, prompt_file, data, data_cfg(), progress=False)
+    target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, heldout_percent=0, positions=0, decay=0.5)
     records, _ = load_split(data, cfg)
     heads = perturb(new_heads("clover", target, num_heads=2), 0.3).eval()
