@@ -6,8 +6,14 @@ keys and values right after the prefix and drops the rest, so the cache again eq
 what plain decoding would have built (Medusa arXiv 2401.10774 §2.1.2, "tree
 attention"; the same bookkeeping as its ``update_inference_inputs``).
 
+Batches (``clover.engine``): :func:`compact_rows` moves each row's path into its own
+gap of a right-padded cache, :func:`select_rows` drops finished rows and
+:func:`append_rows` places the rows of a newly prefilled cache below the running ones.
+
 Works on transformers' ``DynamicCache`` (layers holding ``keys`` / ``values`` tensors of
-shape (B, H, T, hs)); other cache types raise a clear error.
+shape (B, H, T, hs)), with transformers' ``DynamicLayer`` or this module's
+:class:`BufferedLayer` (preallocated, no copy of the whole cache per step); other cache
+types raise a clear error.
 """
 from __future__ import annotations
 
@@ -131,6 +137,41 @@ def select_rows(cache, rows: list[int], length: int) -> None:
         layer.values = layer.values.index_select(0, idx)[..., :length, :]
 
 
+def append_rows(cache, other, rows: int, other_rows: int) -> None:
+    """Put the rows of ``other`` below those of ``cache`` (in place): rows join a batched
+    run (``clover.engine``'s right-padded layout). Every row keeps its positions from
+    column 0; the cache with fewer columns gets zero columns up to the other's width
+    (padding past a row's own length, masked by the caller). Each layer's keys and values
+    become (rows + other_rows, H, max(P, P'), hs).
+
+    Args:
+        cache: ``rows`` rows of P positions; other: ``other_rows`` rows of P' positions
+            (either may hold no positions yet, hence the row counts).
+    Raises:
+        TypeError: for sliding-window or other non-dynamic layers.
+    """
+    width = max(cache_length(cache), cache_length(other))
+    if width == 0:
+        return
+    for mine, theirs in zip(_layers(cache), _layers(other)):
+        like = mine if cache_length(cache) else theirs
+        keys = torch.cat([_padded(mine.keys, rows, width, like.keys), _padded(theirs.keys, other_rows, width, like.keys)])
+        values = torch.cat([_padded(mine.values, rows, width, like.values),
+                            _padded(theirs.values, other_rows, width, like.values)])
+        if not mine.is_initialized:
+            mine.lazy_initialization(keys, values)
+        mine.keys, mine.values = keys, values
+
+
+def _padded(states: torch.Tensor | None, rows: int, width: int, like: torch.Tensor) -> torch.Tensor:
+    """(rows, H, width, hs) like ``like``: the positions of ``states`` (None or fewer
+    columns), then zeros."""
+    out = like.new_zeros((rows, like.shape[1], width, like.shape[-1]))
+    if states is not None and states.dim() == 4:
+        out[:, :, : states.shape[-2]] = states
+    return out
+
+
 def stack_rows(caches, lengths: list[int], model_config) -> DynamicCache:
     """One cache of B rows from B single-row caches (in the batch layout of
     ``clover.engine``): row b's ``lengths[b]`` positions at columns ``[0, L_b)``, zeros
@@ -187,86 +228,67 @@ class BufferedLayer(DynamicLayer):
     transformers' ``DynamicLayer`` rebuilds its keys and values with ``torch.cat`` at every
     step, which copies the whole cache: on a CPU, batched decoding spent most of its time
     there (64 rows x 512 positions: 59% of a step in ``aten::cat``). This layer keeps a
-    buffer of room for more positions (doubled when full) and exposes ``keys`` /
-    ``values`` as views of its first ``length`` positions, so a step copies only the new
-    ones. Rows can be dropped and leading positions cropped (:meth:`select`), as batched
-    generation does when rows finish. Used through :func:`buffered_cache`.
+    buffer with room for more positions (doubled when full) and ``keys`` / ``values``
+    are views of its first ``length`` positions, (B, H, length, hs), so a step copies
+    only the new ones. The bookkeeping of this module works on it as on a
+    ``DynamicLayer``: writing into ``layer.keys[...]`` (:func:`compact_rows`) writes into
+    the buffer; assigning a leading slice of ``keys`` (:func:`crop_cache`) shortens the
+    layer and keeps its room; assigning any other tensor (:func:`select_rows`,
+    :func:`append_rows`) makes that tensor the storage, grown at the next append. Used
+    through :func:`buffered_cache`.
     """
 
-    is_sliding = False
-    is_croppable = True
-
     def __init__(self):
-        super().__init__()
         self._k = self._v = None
         self.length = 0
+        super().__init__()
+
+    keys = property(lambda self: self._view(self._k), lambda self, value: self._set("_k", value))
+    values = property(lambda self: self._view(self._v), lambda self, value: self._set("_v", value))
+
+    def _view(self, storage: torch.Tensor | None) -> torch.Tensor | None:
+        """(B, H, length, hs): the cached positions of a buffer."""
+        return None if storage is None else storage[..., : self.length, :]
+
+    def _set(self, name: str, value: torch.Tensor | None) -> None:
+        setattr(self, name, self._adopt(getattr(self, name), value))
+
+    def _adopt(self, storage: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor | None:
+        """The storage after ``keys`` or ``values`` is assigned ``value``: the same buffer
+        when ``value`` is a leading slice of it, else ``value`` itself (None, or the empty
+        tensor of ``lazy_initialization``, for no positions)."""
+        if value is None or value.dim() != 4:
+            self.length = 0
+            return None
+        self.length = value.shape[-2]
+        same = (storage is not None and value.data_ptr() == storage.data_ptr()
+                and value.stride() == storage.stride() and value.shape[:-2] == storage.shape[:-2])
+        return storage if same else value
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append (B, H, n, d) keys and values; return (B, H, length, d) views of all."""
-        n = key_states.shape[-2]
-        need = self.length + n
+        """Append (B, H, n, hs) keys and values; return (B, H, length, hs) views of all."""
+        need = self.length + key_states.shape[-2]
         if self._k is None or need > self._k.shape[-2]:
-            cap = max(need, 2 * (0 if self._k is None else self._k.shape[-2]), 64)
-            k = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
-            v = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
-            if self.length:
-                k[..., : self.length, :] = self._k[..., : self.length, :]
-                v[..., : self.length, :] = self._v[..., : self.length, :]
-            self._k, self._v = k, v
-            self.device = k.device
-            self.is_initialized = True
+            room = max(need, 2 * self.length, 64)
+            self._k, self._v = _grown(self._k, key_states, self.length, room), _grown(
+                self._v, value_states, self.length, room)
+            self.device, self.is_initialized = key_states.device, True
         self._k[..., self.length: need, :] = key_states
         self._v[..., self.length: need, :] = value_states
         self.length = need
-        self.keys, self.values = self._k[..., :need, :], self._v[..., :need, :]
         return self.keys, self.values
-
-    def select(self, rows: torch.Tensor, first: int = 0) -> None:
-        """Keep batch ``rows`` (in that order) and drop the first ``first`` positions."""
-        if self._k is None:
-            return
-        self._k = self._k[rows, :, first:].contiguous()
-        self._v = self._v[rows, :, first:].contiguous()
-        self.length -= first
-        self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
-
-    def add_rows(self, other: "BufferedLayer") -> int:
-        """Append ``other``'s rows below this layer's, right-aligned: the shorter side is
-        left padded with zeros (callers mask those positions). Returns the left padding
-        given to this layer's own rows (0 when ``other`` is not longer)."""
-        if other._k is None:
-            return 0
-        if self._k is None or self._k.shape[0] == 0:
-            self._k, self._v, self.length = other._k, other._v, other.length
-            self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
-            self.device, self.is_initialized = other._k.device, True
-            return 0
-        length = max(self.length, other.length)
-        cap = max(self._k.shape[-2] - self.length, other._k.shape[-2] - other.length, 64) + length
-        grow_self = length - self.length
-
-        def merged(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
-            out = mine.new_zeros((mine.shape[0] + theirs.shape[0], *mine.shape[1:-2], cap, mine.shape[-1]))
-            out[: mine.shape[0], :, grow_self:length] = mine[..., : self.length, :]
-            out[mine.shape[0]:, :, length - other.length:length] = theirs[..., : other.length, :]
-            return out
-
-        self._k, self._v = merged(self._k, other._k), merged(self._v, other._v)
-        self.length = length
-        self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
-        return grow_self
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.select(indices)
 
     def get_seq_length(self) -> int:
         return self.length
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
 
-    def get_max_length(self) -> int:
-        return -1
+def _grown(storage: torch.Tensor | None, like: torch.Tensor, length: int, room: int) -> torch.Tensor:
+    """A (B, H, room, hs) buffer shaped and typed like ``like`` holding ``storage``'s first
+    ``length`` positions."""
+    out = like.new_empty((*like.shape[:-2], room, like.shape[-1]))
+    if length:
+        out[..., :length, :] = storage[..., :length, :]
+    return out
 
 
 def buffered_cache(model_config) -> DynamicCache:

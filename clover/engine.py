@@ -50,6 +50,15 @@ layout, and why it is exact:
   ``max_new_tokens``) leave the batch: their cache rows are dropped, so they cost no more
   drafting or verification.
 
+Rows that join (:meth:`Engine.serve`, continuous batching for throughput, as data
+generation uses it): between two steps, when the batch is empty or a quarter of its rows
+is free, queued requests join (:func:`admit_requests`). Their prompts are prefilled
+together in one forward in a KV cache of their own (right padded, as above) and its rows
+are placed below the running rows (:func:`clover.cache.append_rows`): the shorter side
+gets zero columns, which are padding like any other and never attended to. From then on
+they are rows like the others; :meth:`Engine.stream_batch` is the case where every row
+joins before the first step (:class:`StepLoop` runs both).
+
 Why right padding: rows accept different numbers of tokens every step. With right padding
 each row's accepted path is written into its own gap, a copy of m_b columns per row.
 Left padding (rows aligned at the end) would have to shift every row that accepted fewer
@@ -60,13 +69,15 @@ and the compaction is the single-prompt one (a crop for a chain), as before batc
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from itertools import count
+from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 import torch
 
 from clover.acceptance import Acceptance, SamplingConfig, accept_rows, logits_to_probs
-from clover.cache import cache_length, compact_rows, new_cache, select_rows
+from clover.cache import append_rows, buffered_cache, cache_length, compact_rows, new_cache, select_rows
 from clover.heads import DraftHeads, PlainDrafter, check_fits
 from clover.heads.drafter import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
@@ -180,6 +191,86 @@ class Engine:
         for _ in run:
             pass
         return run.results
+
+    def serve(self, requests: Iterable[Request], max_new_tokens: int = 128,
+              sampling: SamplingConfig | None = None, stop_strings: Sequence[str] = (),
+              batch_size: int = 64, batch_tokens: int = 65536,
+              on_step: Callable[[int], None] | None = None,
+              trace_nodes: bool = True) -> Iterator[tuple[Hashable, GenerationResult]]:
+        """Decode a stream of requests with continuous batching; yield each as its row ends.
+
+        The loop of :meth:`stream_batch`, with rows that join while it runs: before a step,
+        when the batch is empty or at least a quarter of ``batch_size`` rows is free,
+        queued requests join (:func:`admit_requests`): their prompts are prefilled
+        together in one forward, in a KV cache of their own, and placed below the running
+        rows. Finished rows leave at once. Each row decodes what it decodes alone
+        (greedy: token for token, up to the float rounding of batched products; sampled:
+        from its own generator, seeded with ``Request.seed``). The KV cache appends into
+        preallocated buffers (:class:`clover.cache.BufferedLayer`) instead of copying the
+        whole cache at every step. Traces: ``trace.row`` numbers the rows in admission
+        order, ``trace.step`` counts each row's own steps; a row's ``prefill_ms`` is its
+        admission's prefill, and its ``decode_s`` the time of the steps it took part in.
+
+        Args:
+            requests: :class:`Request` s, taken in order. A ``collections.deque`` is read
+                as a queue: requests appended to it while iterating (a conversation's next
+                turn, once its answer is yielded) join at the next admission.
+            max_new_tokens: the cap of every request that gives none.
+            sampling: shared by every row (default greedy).
+            stop_strings: shared by every row.
+            batch_size: most rows decoded together.
+            batch_tokens: a request joins only while rows x (KV-cache columns +
+                ``max_new_tokens``) stays within this many positions (bounds memory on
+                long prompts); one row always runs.
+            on_step: called after every step with the number of rows that took part
+                (progress bars).
+            trace_nodes: record each step's tree nodes; False leaves ``StepTrace.nodes``
+                empty (the target's top tokens per node are a softmax and top-k over the
+                vocabulary and a detokenisation per row and step), every other field kept.
+        Yields:
+            (``Request.key``, :class:`GenerationResult`) per request, as its row finishes
+            (EOS kept in ``token_ids``, a stop string, or its ``max_new_tokens``).
+        Raises:
+            ValueError: at once for ``batch_size``, ``batch_tokens`` or ``max_new_tokens``
+                below 1; while iterating, for a request :func:`validate_request` refuses
+                (naming its key).
+            NonFiniteLogitsError: the target's logits hold NaN or inf.
+        """
+        for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size),
+                            ("batch_tokens", batch_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        queue = requests if isinstance(requests, deque) else deque(requests)
+        loop = StepLoop(self, sampling or SamplingConfig(), tuple(stop_strings), buffered_cache, trace_nodes)
+        return self._serve(loop, queue, max_new_tokens, batch_size, batch_tokens, on_step)
+
+    def _serve(self, loop: "StepLoop", queue: deque, max_new_tokens: int, batch_size: int,
+               batch_tokens: int, on_step) -> Iterator[tuple[Hashable, GenerationResult]]:
+        index = count()
+
+        def admit(active: list[_Row], width: int) -> list[_Row]:
+            reqs = admit_requests(queue, active, width, max_new_tokens, batch_size, batch_tokens)
+            return [self._request_row(next(index), req, max_new_tokens, loop.stop_strings) for req in reqs]
+
+        for traces, finished in loop.run(admit):
+            if on_step is not None:
+                on_step(len(traces))
+            for row in finished:
+                yield row.key, loop.result(row)
+
+    def _request_row(self, index: int, req: Request, max_new_tokens: int, stop_strings) -> "_Row":
+        """A checked :class:`Request`'s row (``trace.row`` = ``index``).
+
+        Raises:
+            ValueError: see :func:`validate_request`, naming the request's key.
+        """
+        prompt = list(req.prompt)
+        cap = max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+        try:
+            validate_request(self.target, prompt, cap, stop_strings)
+        except ValueError as e:
+            raise ValueError(f"request {req.key!r}: {e}") from None
+        return _new_row(self, index, prompt, cap, req.seed, req.key)
 
 
 def lockstep(runs: dict) -> Iterator[tuple[str, object]]:
@@ -334,27 +425,61 @@ def prefill_inputs(prompts: Sequence[Sequence[int]], dtype: torch.dtype,
 
 
 @dataclass
+class Request:
+    """One prompt for :meth:`Engine.serve`.
+
+    Attributes:
+        key: names the request in what ``serve`` yields (any hashable value).
+        prompt: the prompt's token ids.
+        seed: seeds the row's own sampling generator, so a sampled answer does not depend
+            on which rows shared its batch.
+        max_new_tokens: this request's cap; None takes ``serve``'s.
+    """
+
+    key: Hashable
+    prompt: list[int]
+    seed: int = 0
+    max_new_tokens: int | None = None
+
+
+@dataclass
 class _Row:
     """One prompt's state in a (batched) run."""
 
-    index: int  # the row's place in the batch as given (trace.row)
+    index: int  # the row's place in the batch as given, or in admission order (trace.row)
     prompt: list[int]
     max_new_tokens: int
     drafter: Drafter
     generator: torch.Generator
     detok: TextStream
+    key: Hashable = None  # the request's key (Engine.serve)
     length: int = 0  # L_b: committed positions in the target's KV cache
     root: int = 0  # the last committed token, not yet in the KV cache
     new: list[int] = field(default_factory=list)
     steps: list[StepTrace] = field(default_factory=list)
     stop_reason: str | None = None
     decode_s: float = 0.0
+    prefill_ms: float = 0.0
+
+
+def _new_row(engine: Engine, index: int, prompt: list[int], max_new_tokens: int, seed: int | None,
+             key: Hashable = None) -> _Row:
+    """A row with a fresh drafter and its own generator, seeded with ``seed`` (None: a
+    random seed)."""
+    generator = torch.Generator(device=engine.target.device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(int(seed))
+    return _Row(index, prompt, max_new_tokens, engine.drafter(), generator, TextStream(engine.target.tokenizer),
+                key=key)
 
 
 class BatchRun:
     """One generation run of B prompts; iterate it to decode step by step (see
     :meth:`Engine.stream_batch`). Each iteration yields the traces of one step, one per
-    row that took part (finished rows take part no more), in row order."""
+    row that took part (finished rows take part no more), in row order. It is the
+    :class:`StepLoop` with every row admitted before the first step."""
 
     def __init__(self, engine: Engine, prompts: Sequence[Sequence[int]],
                  max_new_tokens: int | Sequence[int], sampling: SamplingConfig,
@@ -380,53 +505,104 @@ class BatchRun:
         self.seeds = seeds
         self.results: list[GenerationResult] | None = None
 
+    def _seed(self, b: int) -> int | None:
+        """Row b's seed: the given one, else ``sampling.seed + b``, else None (random)."""
+        if self.seeds is not None:
+            return int(self.seeds[b])
+        return None if self.sampling.seed is None else self.sampling.seed + b
+
+    def __iter__(self) -> Iterator[list[StepTrace]]:
+        rows = [_new_row(self.engine, b, p, cap, self._seed(b))
+                for b, (p, cap) in enumerate(zip(self.prompts, self.max_new_tokens))]
+        waiting = [rows]
+        loop = StepLoop(self.engine, self.sampling, self.stop_strings, new_cache)
+        for traces, _ in loop.run(lambda active, width: waiting.pop() if waiting else []):
+            yield traces
+        self.results = [loop.result(r) for r in rows]
+
+
+def admit_requests(queue: deque, active: Sequence[_Row], width: int, max_new_tokens: int,
+                   batch_size: int, batch_tokens: int) -> list[Request]:
+    """The queued requests that join a running batch before its next step (continuous
+    batching, :meth:`Engine.serve`), taken from the front of ``queue``.
+
+    None join unless the batch is empty or at least a quarter of ``batch_size`` is free;
+    then requests join in queue order while a row is free and rows x (cache width +
+    the longest ``max_new_tokens`` among them) stays within ``batch_tokens`` (a request
+    joining an empty batch always joins).
+
+    Args:
+        active: the running rows; width: their KV cache's length P (columns).
+        max_new_tokens: the cap of requests that give none.
+    """
+    free = batch_size - len(active)
+    if not queue or (active and 4 * free < batch_size):
+        return []
+    taken: list[Request] = []
+    longest = max((r.max_new_tokens for r in active), default=0)
+    cols = width + 1 if active else 0  # the cache's columns once every row holds its root
+    while queue and len(taken) < free:
+        req = queue[0]
+        cap = max(longest, max_new_tokens if req.max_new_tokens is None else req.max_new_tokens)
+        cols_with = max(cols, len(req.prompt))
+        if (active or taken) and (len(active) + len(taken) + 1) * (cols_with + cap) > batch_tokens:
+            break
+        taken.append(queue.popleft())
+        longest, cols = cap, cols_with
+    return taken
+
+
+class StepLoop:
+    """The decoding loop itself, over a set of rows that changes: rows join between steps
+    (their prompts prefilled together in a KV cache of their own, then placed below the
+    running rows, :func:`clover.cache.append_rows`) and leave when they finish. Every step
+    is draft -> verify -> accept -> update for all rows at once (module docstring).
+
+    Args:
+        engine: the engine whose target and drafters decode.
+        sampling: shared by every row; each row samples with its own generator.
+        stop_strings: shared by every row.
+        make_cache: builds an empty KV cache for a model config (``clover.cache.new_cache``,
+            or ``clover.cache.buffered_cache``: no copy of the whole cache per step).
+        trace_nodes: record each step's tree nodes (:class:`TreeNode`, the target's top
+            tokens at each); when False, ``StepTrace.nodes`` is empty, every other field
+            is kept.
+    """
+
+    def __init__(self, engine: Engine, sampling: SamplingConfig, stop_strings: tuple[str, ...],
+                 make_cache: Callable = new_cache, trace_nodes: bool = True):
+        self.engine = engine
+        self.sampling = sampling
+        self.stop_strings = stop_strings
+        self.make_cache = make_cache
+        self.trace_nodes = trace_nodes
+
     def _sync(self):
         if self.engine.target.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _row(self, b: int) -> _Row:
-        target, sampling = self.engine.target, self.sampling
-        generator = torch.Generator(device=target.device)
-        if self.seeds is not None:
-            generator.manual_seed(int(self.seeds[b]))
-        elif sampling.seed is not None:
-            generator.manual_seed(sampling.seed + b)
-        else:
-            generator.seed()
-        return _Row(b, self.prompts[b], self.max_new_tokens[b], self.engine.drafter(), generator,
-                    TextStream(target.tokenizer))
+    def run(self, admit: Callable[[list[_Row], int], list[_Row]]) -> Iterator[tuple[list[StepTrace], list[_Row]]]:
+        """Decode until no row is left and none joins.
 
-    def _prefill(self, rows: list[_Row], cache) -> None:
-        """Prefill every prompt but its last token (the first root), in one forward."""
-        target = self.engine.target
-        tokens = [r.prompt[:-1] for r in rows]
-        if not any(tokens):
-            return
-        ids, positions, mask = prefill_inputs(tokens, target.dtype, target.device)
-        out = target.forward_batch(ids, positions, mask, cache, last_only=True)
-        check_finite(out.logits, [1 if t else 0 for t in tokens], "the prompt's prefill")
-        for b, r in enumerate(rows):
-            r.length = len(tokens[b])
-        seen = [b for b, r in enumerate(rows) if r.length]
-        observe_rows([rows[b].drafter for b in seen], [out.hidden_pre[b, :rows[b].length] for b in seen],
-                     [out.hidden_post[b, :rows[b].length] for b in seen], [tokens[b] for b in seen])
-
-    def __iter__(self) -> Iterator[list[StepTrace]]:
-        target = self.engine.target
-        rows = [self._row(b) for b in range(len(self.prompts))]
-        cache = new_cache(target.config)
-
-        # inference mode is thread-local, so it is entered per block and never held across
-        # a yield: a consumer may resume this generator from another thread
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self._prefill(rows, cache)
-        self._sync()
-        prefill_ms = (time.perf_counter() - t0) * 1e3
-        for r in rows:
-            r.root = r.prompt[-1]
-        active = rows
-        while active:
+        Args:
+            admit: called before every step with the running rows and the KV cache's
+                length P; returns the rows that join now (possibly none).
+        Yields:
+            per step, (one :class:`StepTrace` per row that took part, in row order; the
+            rows that finished at this step).
+        Raises:
+            NonFiniteLogitsError: the target's logits hold NaN or inf.
+        """
+        cache, active = None, []
+        while True:
+            new = admit(active, 0 if cache is None else cache_length(cache))
+            if new:
+                cache = self._admit(active, new, cache)
+                active = active + new
+            if not active:
+                return
+            # inference mode is thread-local, so it is entered per block and never held across
+            # a yield: a consumer may resume this generator from another thread
             with torch.inference_mode():
                 starts = [r.length for r in active]  # committed positions before this step
                 t_draft = time.perf_counter()
@@ -446,15 +622,48 @@ class BatchRun:
                 traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, draft_ms, verify_ms,
                                       starts[b])
                           for b, (r, tree, acc, kept) in enumerate(zip(active, trees, accs, commits))]
-            yield traces
+            yield traces, [r for r in active if r.stop_reason is not None]
             active = [active[b] for b in keep]
 
-        self.results = [GenerationResult(
-            text=target.tokenizer.decode(r.new, skip_special_tokens=True),
-            token_ids=r.new, steps=r.steps, prompt_tokens=len(r.prompt),
-            prefill_ms=prefill_ms, decode_s=r.decode_s, stop_reason=r.stop_reason,
-            method=self.engine.method, seed=r.generator.initial_seed(),
-        ) for r in rows]
+    def _admit(self, active: list[_Row], new: list[_Row], cache):
+        """Prefill the joining rows in a KV cache of their own and place them below the
+        running rows; returns the batch's cache. Each joining row's ``prefill_ms`` is this
+        admission's time."""
+        t0 = time.perf_counter()
+        part = self.make_cache(self.engine.target.config)
+        with torch.inference_mode():
+            self._prefill(new, part)
+            if active:
+                append_rows(cache, part, len(active), len(new))
+        self._sync()
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        for r in new:
+            r.root, r.prefill_ms = r.prompt[-1], prefill_ms
+        return cache if active else part
+
+    def _prefill(self, rows: list[_Row], cache) -> None:
+        """Prefill every prompt but its last token (the first root), in one forward."""
+        target = self.engine.target
+        tokens = [r.prompt[:-1] for r in rows]
+        if not any(tokens):
+            return
+        ids, positions, mask = prefill_inputs(tokens, target.dtype, target.device)
+        out = target.forward_batch(ids, positions, mask, cache, last_only=True)
+        check_finite(out.logits, [1 if t else 0 for t in tokens], "the prompt's prefill")
+        for b, r in enumerate(rows):
+            r.length = len(tokens[b])
+        seen = [b for b, r in enumerate(rows) if r.length]
+        observe_rows([rows[b].drafter for b in seen], [out.hidden_pre[b, :rows[b].length] for b in seen],
+                     [out.hidden_post[b, :rows[b].length] for b in seen], [tokens[b] for b in seen])
+
+    def result(self, row: _Row) -> GenerationResult:
+        """A finished row's :class:`GenerationResult`."""
+        return GenerationResult(
+            text=self.engine.target.tokenizer.decode(row.new, skip_special_tokens=True),
+            token_ids=row.new, steps=row.steps, prompt_tokens=len(row.prompt),
+            prefill_ms=row.prefill_ms, decode_s=row.decode_s, stop_reason=row.stop_reason,
+            method=self.engine.method, seed=row.generator.initial_seed(),
+        )
 
     def _draft(self, active: list[_Row]) -> list[Tree]:
         """Draft: each row's candidate tree, rooted at its last committed token, no deeper
@@ -557,11 +766,15 @@ class BatchRun:
         texts = [row.detok.push(t) for t in kept]  # the text each committed token adds
         if row.stop_reason is not None:
             texts[-1] += row.detok.flush()
-        probs = logits_to_probs(logits, self.sampling)  # (N, V) the target's, after each node
-        bonus_prob = float(probs[acc.path[-1], acc.bonus_token])
+        if self.trace_nodes:
+            probs = logits_to_probs(logits, self.sampling)  # (N, V) the target's, after each node
+            nodes, last = self._nodes(tree, probs), probs[acc.path[-1]]
+        else:  # only the last accepted node's distribution: (V,)
+            nodes, last = [], logits_to_probs(logits[acc.path[-1]], self.sampling)
+        bonus_prob = float(last[acc.bonus_token])
         row.decode_s += (draft_ms + verify_ms) / 1e3
         trace = StepTrace(
-            step=len(row.steps), nodes=self._nodes(tree, probs), accepted=acc.path[:1 + n_drafts],
+            step=len(row.steps), nodes=nodes, accepted=acc.path[:1 + n_drafts],
             cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
             bonus_text=self.engine.target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
             bonus_committed=len(kept) == len(acc.path),

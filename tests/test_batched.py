@@ -5,7 +5,8 @@ of 1 to 5 prompts of different lengths, rows stopping at different steps (EOS, t
 ``max_new_tokens``, stop strings), for plain decoding, Medusa, Clover, prompt lookup and
 trees that hold the true continuation (so rows accept different, non-chain paths and the
 per-row compaction gathers); a batch of one is the unbatched engine; a sampled row keeps
-the target's distribution.
+the target's distribution. ``Engine.serve`` (rows that join a running batch, on the
+buffered KV cache) gives every row that same output.
 """
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import pytest
 import torch
 
 from clover import Engine, SamplingConfig, new_heads, parse_tree_spec
-from clover.cache import compact_rows, new_cache, select_rows
-from clover.engine import prefill_inputs, verify_inputs
+from collections import deque
+
+from clover.cache import (append_rows, buffered_cache, cache_length, compact_rows, crop_cache, new_cache,
+                          select_rows)
+from clover.engine import Request, prefill_inputs, verify_inputs
 from clover.heads import DraftHeads, HeadConfig, PlainDrafter, draft_rows
 from clover.lookup import LookupConfig
 from clover.tree import Tree
@@ -479,3 +483,127 @@ def test_batch_step_cost_replay_and_breakdown():
         assert setups[b][0].get_seq_length() == 16  # each step is cropped back
     # the timer's hooks are removed (the target keeps its own, which capture hidden states)
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in target.model.modules()) == hooks
+
+
+def _serve_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 96, (int(torch.randint(1, 25, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def test_serve_admits_rows_mid_run():
+    """Requests queued while iterating (a conversation's next turn) join the running batch;
+    every row, early or late, decodes its own single-stream greedy output, for every method."""
+    target = tiny_target("llama")
+    prompts = _serve_prompts(7)
+    refs = [Engine(target).generate(p, 10).token_ids for p in prompts]
+    follow = [p + r + [7, 8] for p, r in zip(prompts, refs)]
+    follow_refs = [Engine(target).generate(p, 10).token_ids for p in follow]
+    batch_rows = []
+    for name, engine in engines(target, refs + follow_refs, prompts + follow).items():
+        queue = deque(Request(i, p, max_new_tokens=10 if i % 2 else None) for i, p in enumerate(prompts))
+        got, traces = {}, {}
+        for key, result in engine.serve(queue, 10, batch_size=4, on_step=batch_rows.append):
+            got[key] = result.token_ids
+            traces[key] = result.steps
+            if isinstance(key, int):  # the next turn, queued while the batch runs
+                queue.append(Request(("next", key), follow[key]))
+        assert got == {**dict(enumerate(refs)), **{("next", i): r for i, r in enumerate(follow_refs)}}, name
+        rows = [{s.row for s in steps} for steps in traces.values()]
+        assert all(len(r) == 1 for r in rows) and sorted(r.pop() for r in rows) == list(range(14)), name
+        assert all([s.step for s in steps] == list(range(len(steps))) for steps in traces.values()), name
+        assert all(s.nodes for steps in traces.values() for s in steps)  # full traces by default
+    assert max(batch_rows) == 4
+
+
+def test_serve_rows_join_when_a_quarter_is_free():
+    """Rows join a running batch once a quarter of it is free: with 4 rows, as soon as
+    one ends; with 8, once two have ended. Every row still decodes its own output."""
+    target = tiny_target("qwen2")
+    prompts = _serve_prompts(12, seed=2)
+    caps = [3, 4] + [9] * 10
+    want = [Engine(target).generate(p, c).token_ids for p, c in zip(prompts, caps)]
+    requests = [Request(i, p, max_new_tokens=c) for i, (p, c) in enumerate(zip(prompts, caps))]
+    for batch_size, first_steps in ((4, [4, 4, 4, 4, 4]), (8, [8, 8, 8, 7, 8])):
+        seen, order = [], []
+        for key, result in Engine(target).serve(requests, 9, batch_size=batch_size, on_step=seen.append,
+                                                trace_nodes=False):
+            order.append(key)
+            assert result.token_ids == want[key] and result.steps[0].nodes == []
+            assert [s.step for s in result.steps] == list(range(len(result.steps)))
+            assert result.steps[-1].stop_reason == "length" and result.steps[0].bonus_text
+        assert order[:2] == [0, 1] and sorted(order) == list(range(12))
+        assert seen[:5] == first_steps, batch_size  # rows 0 and 1 end at steps 3 and 4
+
+
+def test_serve_respects_batch_tokens():
+    """rows x (KV-cache columns + max_new_tokens) stays within batch_tokens; one row
+    always runs."""
+    target = tiny_target("llama")
+    prompts = [[5 + i] * 10 for i in range(6)]
+    want = [Engine(target).generate(p, 8).token_ids for p in prompts]
+    for batch_tokens, most in ((3 * (10 + 8), 3), (1, 1)):
+        seen = []
+        got = dict(Engine(target).serve([Request(i, p) for i, p in enumerate(prompts)], 8, batch_size=64,
+                                        batch_tokens=batch_tokens, on_step=seen.append))
+        assert {k: r.token_ids for k, r in got.items()} == dict(enumerate(want))
+        assert max(seen) == most
+
+
+def test_serve_seeds_do_not_depend_on_batching():
+    target = tiny_target("llama")
+    prompts = _serve_prompts(10, seed=3)
+    cfg = SamplingConfig(temperature=1.0)
+
+    def answers(batch_size, seeds):
+        out = Engine(target).serve([Request(i, p, s) for i, (p, s) in enumerate(zip(prompts, seeds))], 12, cfg,
+                                   batch_size=batch_size)
+        return {k: (r.token_ids, r.seed) for k, r in out}
+
+    seeds = list(range(100, 110))
+    one, four, all_ = answers(1, seeds), answers(4, seeds), answers(10, seeds)
+    assert one == four == all_ and [all_[i][1] for i in range(10)] == seeds
+    assert answers(10, [s + 1 for s in seeds]) != all_
+
+
+def test_serve_refuses_bad_requests():
+    target = tiny_target("llama")
+    engine = Engine(target)
+    for bad in ({"batch_size": 0}, {"batch_tokens": 0}, {"max_new_tokens": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            engine.serve([Request(0, [3])], **{"max_new_tokens": 4, **bad})  # at once, not on iteration
+    with pytest.raises(ValueError, match="request 'b': the prompt is empty"):
+        list(engine.serve([Request("a", [3]), Request("b", [])], 4))
+    with pytest.raises(ValueError, match="request 1: .*exceeds"):
+        list(engine.serve([Request(1, [3] * 10, max_new_tokens=target.max_context)], 4))
+
+
+@torch.inference_mode()
+def test_buffered_layer_follows_the_cache_bookkeeping():
+    """compact_rows, crop_cache, select_rows and append_rows give a buffered KV cache the
+    keys and values they give transformers' DynamicLayer, and appends continue in place."""
+    target = tiny_target("llama")
+    caches = [new_cache(target.config), buffered_cache(target.config)]
+
+    def forward(cache, ids, start):
+        n = ids.shape[1]
+        return target.forward_batch(ids, torch.arange(start, start + n).repeat(ids.shape[0], 1), None, cache)
+
+    ids = torch.randint(2, 96, (3, 9), generator=torch.Generator().manual_seed(0))
+    for cache in caches:
+        forward(cache, ids, 0)
+        assert compact_rows(cache, [3, 5, 4], 5, [[0, 2], [0, 1, 3], [0]]) == [5, 8, 5]
+        select_rows(cache, [2, 0], 6)
+        crop_cache(cache, 5)
+        other = new_cache(target.config)
+        forward(other, ids[:1, :7], 0)
+        append_rows(cache, other, 2, 1)
+        assert cache_length(cache) == 7
+        forward(cache, ids[:, :2], 7)  # appends after the merge
+    buffered = caches[1].layers[0]
+    assert buffered._k.shape[-2] > buffered.length == 9  # room kept for more positions
+    for plain, buf in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(plain.keys, buf.keys) and torch.equal(plain.values, buf.values)
+    empty = buffered_cache(target.config)  # rows that join with nothing cached (1-token prompts)
+    append_rows(caches[1], empty, 3, 2)
+    assert caches[1].layers[0].keys.shape[0] == 5 and not caches[1].layers[0].keys[3:].any()

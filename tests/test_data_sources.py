@@ -125,31 +125,41 @@ def test_sampled_rows_do_not_depend_on_batching():
 def test_follow_up_requests_join_a_running_batch():
     from collections import deque
 
-    t = tiny_target("llama")
+    t = tiny_target("llama", eos=1)
     prompts = _prompts(6)
+    common = Counter(x for p in prompts for x in Engine(t).generate(p, 5).token_ids).most_common(1)[0][0]
+    t = tiny_target("llama", eos=common)  # rows end at different steps
     queue = deque([Request(i, p) for i, p in enumerate(prompts)])
     got, forwards = {}, []
-    # every target forward's (rows, new tokens, first position): a follow-up that reuses
-    # its row's KV cache prefills only its new tail, a few tokens at a later position
-    hook = t.model.register_forward_pre_hook(
-        lambda m, args, kw: forwards.append((*kw["input_ids"].shape, int(kw["position_ids"][0, 0]))),
-        with_kwargs=True)
+    # every target forward's (rows, new tokens): a follow-up's prefill (several tokens, its
+    # rows only) runs while the other rows are still decoding (one token each)
+    hook = t.model.register_forward_pre_hook(lambda m, args, kw: forwards.append(tuple(kw["input_ids"].shape)),
+                                             with_kwargs=True)
     try:
         for key, answer in generate_many(t, queue, 5, batch_size=4):
             turn = 1 if (key, 0) in got else 0
             got[key, turn] = answer
-            if turn == 0:  # the next turn, same key: it starts from this row's KV cache
+            if turn == 0:  # the next turn, same key: the whole conversation is prefilled
                 queue.appendleft(Request(key, prompts[key] + answer + [7, 8]))
     finally:
         hook.remove()
     assert sorted(got) == [(i, turn) for i in range(6) for turn in (0, 1)]
-    tails = [(rows, n, start) for rows, n, start in forwards if rows == 1 and 1 < n <= 3 and start > 0]
-    assert len(tails) == 6  # one tail prefill per follow-up, none of them from scratch
     for i, p in enumerate(prompts):
         assert got[i, 0] == Engine(t).generate(p, 5).token_ids
         assert got[i, 1] == Engine(t).generate(p + got[i, 0] + [7, 8], 5).token_ids
-    with pytest.raises(ValueError, match="empty prompt"):
+    # a prefill after the first decode step, followed by a step over more rows than it prefilled
+    steps = [i for i, (rows, n) in enumerate(forwards) if n == 1]
+    joins = [i for i in range(steps[0], len(forwards) - 1) if forwards[i][1] > 1
+             and forwards[i + 1][1] == 1 and forwards[i + 1][0] > forwards[i][0]]
+    assert joins
+    with pytest.raises(ValueError, match="empty"):
         list(generate_many(t, [Request(0, [])], 4))
+    with pytest.raises(ValueError, match="temperature"):
+        generate_many(t, [], 4, temperature=-1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        generate_many(t, [], 4, batch_size=0)
+    with pytest.raises(ValueError, match="prompt 1: .*exceeds"):
+        generate_batch(t, [[3], [3] * (t.max_context - 2)], 4)
 
 
 def test_forward_labels_equal_generation_time_labels():
