@@ -189,13 +189,12 @@ def stack_rows(caches, lengths: list[int], model_config) -> DynamicCache:
         return stacked
     for i, layer in enumerate(_layers(stacked)):
         rows = [_layers(c)[i] for c in caches]
-        ref = next(r for r, n in zip(rows, lengths) if n)
-        shape = (len(rows), ref.keys.shape[1], width, ref.keys.shape[-1])  # (B, H, P, hs)
-        keys, values = ref.keys.new_zeros(shape), ref.values.new_zeros(shape)
-        for b, (row, n) in enumerate(zip(rows, lengths)):
-            if n:
-                keys[b, :, :n] = row.keys[0, :, :n]
-                values[b, :, :n] = row.values[0, :, :n]
+        like = next(r for r, n in zip(rows, lengths) if n)
+        # (B, H, width, hs): each row's first n positions, then zeros (as append_rows pads)
+        keys = torch.cat([_padded(r.keys[..., :n, :] if n else None, 1, width, like.keys)
+                          for r, n in zip(rows, lengths)])
+        values = torch.cat([_padded(r.values[..., :n, :] if n else None, 1, width, like.values)
+                            for r, n in zip(rows, lengths)])
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
     return stacked
