@@ -340,8 +340,12 @@ def cmd_prompts(args) -> int:
 
 
 def cmd_train(args) -> int:
+    import importlib.util
     from dataclasses import replace
 
+    if importlib.util.find_spec("accelerate") is None:  # before the model loads
+        raise ValueError("clover train needs accelerate, which is not installed: "
+                         "pip install 'clover-studio[train]' (or pip install accelerate)")
     from clover.models import load_target
     from clover.training.config import preset
     from clover.training.train import train

@@ -524,3 +524,13 @@ def test_the_core_install_runs_the_bench_without_charts(tiny_dir, prompts, tmp_p
     for command in ("generate", "data", "prompts", "text-data", "train", "bench"):
         shown = clover(command, "--help")
         assert shown.returncode == 0 and "usage:" in shown.stdout, (command, shown.stderr[-2000:])
+    # the commands that need no extra run; training refuses up front, naming the extra
+    done = clover("generate", "--model", str(tiny_dir), "--method", "clover", "--prompt", "Hi",
+                  "--max-new-tokens", "3", "--json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert json.loads(done.stdout)["new_tokens"] == 3
+    refused = clover("train", "--model", str(tiny_dir), "--method", "clover", "--data", str(tmp_path),
+                     "--out", str(tmp_path / "run"))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "needs accelerate" in refused.stderr and "clover-studio[train]" in refused.stderr
+    assert not (tmp_path / "run").exists()
