@@ -82,6 +82,16 @@ EVAL="$CACHE/yardstick-levers-$(stamp clover).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
   "$RUNS/lever-argmax-$(stamp clover)" --threads "$THREADS" --json "$EVAL"
 
+# More compute on the same data before the curve: each round continues the last round's
+# heads (not the shipped ones) CONTINUE_STEPS further, Medusa at exactly Clover's steps;
+# the rounds' held-out evaluations (training.json) say when to commit them.
+prev_c="$RUNS/$CLOVER_RUN" prev_m="$RUNS/$MEDUSA_RUN"
+for round in $(seq 2 "${ROUNDS:-4}"); do
+  run "$CLOVER_RUN-r$round" --preset smollm2-clover --init-heads "$prev_c" "${CONT[@]}"
+  run "$MEDUSA_RUN-r$round" --preset smollm2-medusa --init-heads "$prev_m" "${CONT[@]}"
+  prev_c="$RUNS/$CLOVER_RUN-r$round" prev_m="$RUNS/$MEDUSA_RUN-r$round"
+done
+
 run curve-clover --preset smollm2-clover --steps 8500
 run curve-medusa --preset smollm2-medusa --steps 8500
 run curve-clover2 --preset smollm2-clover2 --steps 3400
