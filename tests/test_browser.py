@@ -40,6 +40,22 @@ def calibrated(before: set, timeout_s: float = 600.0):
     return loaded
 
 
+def record_states(page, selector: str) -> None:
+    """Have the page itself record every text the element ``selector`` shows, with the
+    page's time (``performance.now()``, ms): polling from here can miss a state on a
+    loaded machine. Read back with :func:`recorded_states`."""
+    page.evaluate("""(sel) => { window.__states = window.__states || {};
+        const seen = window.__states[sel] = [];
+        new MutationObserver(() => { const el = document.querySelector(sel);
+            if (el) seen.push([performance.now(), el.innerText]); })
+          .observe(document.body, {subtree: true, childList: true, characterData: true}); }""", selector)
+
+
+def recorded_states(page, selector: str) -> list[tuple[float, str]]:
+    """(page time in ms, text) of every state :func:`record_states` saw, in order."""
+    return [(t, text) for t, text in page.evaluate("(sel) => window.__states[sel]", selector)]
+
+
 @pytest.fixture(scope="module")
 def app_url(embedded, one_thread):
     """The app as a visitor gets it: the embedded model with its shipped heads and the
@@ -99,22 +115,16 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     assert "auto tree:" in notice
     page.fill("#prompt textarea", "Write a haiku about autumn leaves.")
     page.locator("#max-new-tokens input").fill("16")
-    # every state the status line takes, recorded by the page itself with its time (polling
-    # from here can miss the first one on a loaded machine)
-    page.evaluate("""() => { window.__status = [];
-        new MutationObserver(() => { const el = document.querySelector('#status');
-            if (el) window.__status.push([performance.now(), el.innerText]); })
-          .observe(document.body, {subtree: true, childList: true, characterData: true});
-        window.__t0 = null;
-        document.querySelector('#run-button').addEventListener(
-            'click', () => { window.__t0 = performance.now(); }, {capture: true}); }""")
+    record_states(page, "#status")  # every state of the status line, with the page's time
+    page.evaluate("""() => { window.__t0 = null; document.querySelector('#run-button')
+        .addEventListener('click', () => { window.__t0 = performance.now(); }, {capture: true}); }""")
     page.click("#run-button")
     # the live tree of the watched run, one update per step, the first within 2 s of Run:
     # the baselines race alongside it in lockstep, not before it
     page.wait_for_function("document.querySelector('#status').innerText.includes('Clover · step')",
                            timeout=240_000)
     t0 = page.evaluate("window.__t0")
-    first_ms, first_status = next((t, s) for t, s in page.evaluate("window.__status")
+    first_ms, first_status = next((t, s) for t, s in recorded_states(page, "#status")
                                   if "Clover · step" in s)
     first_step_s = (first_ms - t0) / 1000
     print(f"first step of the watched method drawn {first_step_s:.2f} s after Run: {first_status!r}")
@@ -247,15 +257,11 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(app_url)
     page.wait_for_selector("#prompt textarea")
-    # every state the panel takes, recorded by the page itself (no polling to miss one)
-    page.evaluate("""() => { window.__texts = [];
-        new MutationObserver(() => { const el = document.querySelector('#generated-text');
-            if (el) window.__texts.push(el.innerText); })
-          .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+    record_states(page, "#generated-text")  # every state the panel takes
     start_run(browser, app_url, EMOJI_PROMPT, 14, page=page)
     page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=240_000)
     page.wait_for_timeout(500)
-    seen = page.evaluate("window.__texts") + [page.inner_text("#generated-text")]
+    seen = [text for _, text in recorded_states(page, "#generated-text")] + [page.inner_text("#generated-text")]
     assert len(set(seen)) > 2  # the panel's states during the run were seen
     final = seen[-1].replace("↵", "").replace("<|im_end|>", "")
     assert final == ref.text and ref.text.endswith("🦙\ufffd")
