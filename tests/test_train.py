@@ -171,6 +171,41 @@ def test_unshared_recurrence_ablation_trains_and_is_clover2_only(tmp_path, promp
                                                               "steps": 4}), progress=False)
 
 
+def test_category_weights_draw_the_training_mix_by_task_kind(tmp_path, tiny_data):
+    """--category-weights draws each step's conversations without replacement, a named
+    category in proportion to its weight; a malformed mix or a category the data lacks is
+    a clear error; a weighted run trains."""
+    import random
+
+    from clover.training.train import draw_batch, mix_weights
+
+    records = [{"key": i, "category": "rag" if i < 10 else "chat"} for i in range(100)]
+    assert mix_weights(records, "") is None
+    weights = mix_weights(records, "rag=9")
+    assert weights == [9.0] * 10 + [1.0] * 90
+    rng, draws, rag = random.Random(0), 4000, 0
+    for _ in range(draws):
+        batch = draw_batch(records, 4, rng, weights)
+        assert len({r["key"] for r in batch}) == 4  # without replacement
+        rag += sum(r["category"] == "rag" for r in batch)
+    # rag is 10 of 100 conversations at weight 9 (90 of 180 weight): about half of each
+    # batch, a little less because a batch holds each conversation once
+    assert 0.42 < rag / (4 * draws) < 0.5
+    uniform = sum(r["category"] == "rag" for _ in range(draws) for r in draw_batch(records, 4, rng))
+    assert 0.08 < uniform / (4 * draws) < 0.12
+    for bad in ("rag", "rag=0", "rag=-1", "rag=x", "=3", "rag=1,rag=2", "rag=inf"):
+        with pytest.raises(ValueError, match="category_weights"):
+            TrainConfig(category_weights=bad)
+    with pytest.raises(ValueError, match="not have; its categories: chat, rag"):
+        mix_weights(records, "rga=2")
+    target, data = tiny_data
+    cfg = TrainConfig(method="medusa", num_heads=2, steps=2, batch_size=2, eval_every=0,
+                      heldout_percent=0, category_weights="qa=4")
+    train(target, data, tmp_path / "mix", cfg, progress=False)
+    saved = json.loads((tmp_path / "mix" / "training.json").read_text())
+    assert saved["config"]["category_weights"] == "qa=4"
+
+
 def test_training_resumes_from_checkpoint(tmp_path, tiny_data):
     target, data = tiny_data
     cfg = TrainConfig(method="clover", num_heads=2, steps=6, batch_size=2, eval_every=0,

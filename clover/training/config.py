@@ -68,6 +68,10 @@ class TrainConfig:
         keep_evals: also save the heads of every evaluation to ``OUT/steps/<step>``, so
             one long run yields the points of a compute curve (each scored later on
             Spec-Bench by ``scripts/heads_eval.py``).
+        category_weights: the training mix by task kind: "translation=8,rag=8" draws a
+            conversation of data category "translation" or "rag" 8 times as often as one
+            of weight 1 (every category not named); each step's batch is drawn without
+            replacement in proportion to these weights ("" = uniform, the default).
         init_heads: start from the heads in this folder (e.g. ``assets/heads/clover``, to
             continue the shipped heads' training) instead of a fresh initialisation; they
             must be of this kind with num_heads heads for this target, and their draft
@@ -103,6 +107,7 @@ class TrainConfig:
     select: str = "chain"
     keep_evals: bool = False
     init_heads: str = ""
+    category_weights: str = ""
 
     def __post_init__(self):
         if self.method not in HEAD_KINDS:
@@ -123,8 +128,33 @@ class TrainConfig:
             raise ValueError("dropout must be in [0, 1); feature_noise and weight_decay >= 0")
         if self.topk_weight < 0 or self.topk < 1 or self.argmax_weight < 0:
             raise ValueError("topk_weight and argmax_weight must be >= 0 and topk >= 1")
+        parse_category_weights(self.category_weights)  # raises on a malformed mix
         if not self.shared_recurrence and self.method != "clover2":
             raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.method} has no recurrence")
+
+
+def parse_category_weights(text: str) -> dict[str, float]:
+    """``"translation=8,rag=8"`` -> ``{"translation": 8.0, "rag": 8.0}`` ("" -> {}).
+
+    Raises:
+        ValueError: an entry that is not ``category=weight`` with a positive finite weight,
+            or a category named twice.
+    """
+    weights: dict[str, float] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, sep, value = entry.partition("=")
+        name = name.strip()
+        try:
+            weight = float(value) if sep and name else float("nan")
+        except ValueError:
+            weight = float("nan")
+        if not 0 < weight < float("inf"):
+            raise ValueError(f"category_weights: {entry!r} is not category=weight with a weight > 0 "
+                             f"(e.g. \"translation=8,rag=8\")")
+        if name in weights:
+            raise ValueError(f"category_weights: {name!r} is named twice")
+        weights[name] = weight
+    return weights
 
 
 # Named presets, found by exact key. Medusa, Clover and Clover-2 share data, steps and

@@ -26,6 +26,7 @@ next token), checkpoints and resume.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -42,7 +43,7 @@ from torch import nn
 from clover.training.data import collate, read_records
 from clover.training.hidden_cache import HiddenCache, target_hidden
 from clover.heads import DraftHeads, load_heads, new_heads
-from clover.training.config import TrainConfig
+from clover.training.config import TrainConfig, parse_category_weights
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def load_split(data_dir, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], 
             continue
         key = f"{r.get('id', r['question_id'])}:{zlib.crc32(bytes(str(ids), 'ascii')):08x}"
         (held if is_heldout(r["question_id"], cfg.heldout_percent) else train).append(
-            {"input_ids": ids, "loss_mask": mask, "key": key})
+            {"input_ids": ids, "loss_mask": mask, "key": key, "category": r.get("category")})
     if not train:
         raise ValueError(f"no training records in {data_dir}; run `clover data` first")
     return train, held
@@ -99,6 +100,35 @@ def frequent_tokens(records: list[dict], n: int, vocab_size: int, always=()) -> 
     ranked = [t for t, _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
     chosen = list(dict.fromkeys(list(always) + ranked + list(range(vocab_size))))
     return sorted(chosen[: min(n, vocab_size)])
+
+
+def mix_weights(records: list[dict], category_weights: str) -> list[float] | None:
+    """Each record's sampling weight under ``TrainConfig.category_weights`` (None when the
+    mix is uniform).
+
+    Raises:
+        ValueError: a named category that no record has (a typo would otherwise train the
+            uniform mix silently).
+    """
+    weights = parse_category_weights(category_weights)
+    if not weights:
+        return None
+    present = {r.get("category") for r in records}
+    missing = sorted(set(weights) - present)
+    if missing:
+        raise ValueError(f"category_weights names {', '.join(missing)}, which the training data does "
+                         f"not have; its categories: {', '.join(sorted(map(str, present)))}")
+    return [weights.get(r.get("category"), 1.0) for r in records]
+
+
+def draw_batch(records: list[dict], k: int, rng: random.Random, weights: list[float] | None = None) -> list[dict]:
+    """k distinct records: uniformly (``rng.sample``), or with ``weights`` in proportion to
+    them, without replacement (Efraimidis and Spirakis' keys u ** (1 / w), the k largest)."""
+    k = min(k, len(records))
+    if weights is None:
+        return rng.sample(records, k)
+    keys = [rng.random() ** (1.0 / w) for w in weights]
+    return [records[i] for i in heapq.nlargest(k, range(len(records)), key=keys.__getitem__)]
 
 
 def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
@@ -343,6 +373,7 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
                               cpu=target.device.type == "cpu")
     torch.manual_seed(cfg.seed)
     train_set, held = load_split(data_dir, cfg, target.tokenizer)
+    mix = mix_weights(train_set, cfg.category_weights)
     pad = min(target.eos_token_ids) if target.eos_token_ids else 0
     state = {"step": 0, "wall_s": 0.0, "evals": [], "config": asdict(cfg)}
     if resume and (ckpt / "state.json").is_file():
@@ -395,7 +426,7 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
                disable=not progress or not accelerator.is_main_process)
     t_start = time.perf_counter() - state["wall_s"]
     while state["step"] < cfg.steps:
-        batch = rng.sample(train_set, min(cfg.batch_size, len(train_set)))
+        batch = draw_batch(train_set, cfg.batch_size, rng, mix)
         ids, mask = collate(batch, pad)
         ids, mask = ids.to(target.device), mask.to(target.device)
         states = hidden([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
