@@ -78,9 +78,16 @@ LEVER=(--preset smollm2-clover --init-heads assets/heads/clover --steps 1000 --p
        --eval-every 250)
 run "lever-base-$(stamp clover)" "${LEVER[@]}"
 run "lever-argmax-$(stamp clover)" "${LEVER[@]}" --argmax-weight 0.5
+# Task mix: the task kinds where the heads are weakest on Spec-Bench (translation,
+# summarisation, RAG, math reasoning; the project's templated prompts, 215 each) drawn 4x
+# as often as the rest (--category-weights): about a quarter of the conversations instead
+# of a thirteenth.
+MIX=translation=4,summarization=4,rag=4,math_reasoning=4
+run "lever-taskmix-$(stamp clover)" "${LEVER[@]}" --category-weights "$MIX"
 EVAL="$CACHE/yardstick-levers-$(stamp clover).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
-  "$RUNS/lever-argmax-$(stamp clover)" --threads "$THREADS" --json "$EVAL"
+  "$RUNS/lever-argmax-$(stamp clover)" "$RUNS/lever-taskmix-$(stamp clover)" \
+  --threads "$THREADS" --json "$EVAL"
 
 # More compute on the same data before the curve: each round continues the last round's
 # heads (not the shipped ones) CONTINUE_STEPS further, Medusa at exactly Clover's steps;
