@@ -43,8 +43,14 @@ def main(argv=None) -> int:
     target = load_target(None, device="cpu")
     pad = min(target.eos_token_ids) if target.eos_token_ids else 0
     sets = load_sets(target, [s.strip() for s in args.sets.split(",") if s.strip()], args.spec_bench)
-    hidden = HiddenCache(target, path=cache_dir() / "hidden.safetensors")
-    hidden.fill([r for recs in sets.values() for r in recs], pad)
+    caches: dict[tuple, HiddenCache] = {}
+
+    def hidden_for(heads) -> HiddenCache:  # heads with fuse_layers read those layers too
+        layers = tuple(heads.config.fuse_layers)
+        if layers not in caches:
+            caches[layers] = HiddenCache(target, path=cache_dir() / "hidden.safetensors", layers=layers)
+            caches[layers].fill([r for recs in sets.values() for r in recs], pad)
+        return caches[layers]
 
     table: dict = {}
     cols = []
@@ -56,7 +62,7 @@ def main(argv=None) -> int:
     for folder in args.heads:
         heads = load_heads(folder, target)
         for prompt_vocab in ((False, True) if args.prompt_vocab else (False,)):
-            res = {name: score(heads, target, recs, hidden, prompt_vocab) for name, recs in sets.items()}
+            res = {name: score(heads, target, recs, hidden_for(heads), prompt_vocab) for name, recs in sets.items()}
             path = f"{folder} +prompt" if prompt_vocab else folder
             table[str(path)] = res
             cells, tau = [], ""

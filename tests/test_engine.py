@@ -157,3 +157,34 @@ def test_heads_for_another_model_rejected():
     heads = new_heads("medusa", other)
     with pytest.raises(ValueError, match="do not fit"):
         Engine(small, heads)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_multi_layer_clover_heads_stay_exact_beside_other_heads(arch):
+    """Clover heads with fuse_layers make the target pack layer 0's output into its
+    features; they draft from it (zeroing the projection changes the drafts), greedy
+    output stays plain greedy's alone and batched, and heads that read the last layer
+    only (Medusa, Clover-2) on the same target are unaffected."""
+    target = tiny_target(arch)
+    refs = {len(p): plain(target, p, 16).token_ids for p in prompts(target.vocab_size)}
+    fused = perturb(new_heads("clover", target, num_heads=3, fuse_layers=[0]), scale=0.2, seed=1)
+    assert target.feature_layers == (0,)
+    with torch.no_grad():
+        fused.fuse.weight.normal_(0, 0.5)
+    others = [perturb(new_heads(kind, target, num_heads=3), scale=0.2, seed=2) for kind in ("medusa", "clover2")]
+    for heads in [fused, *others]:
+        engine = Engine(target, heads, parse_tree_spec("dynamic:budget=8,branching=2"))
+        for prompt in prompts(target.vocab_size):
+            assert engine.generate(prompt, 16).token_ids == refs[len(prompt)], (heads.config.kind, len(prompt))
+        batch = engine.generate_batch(prompts(target.vocab_size), 16)
+        assert [r.token_ids for r in batch] == [refs[len(p)] for p in prompts(target.vocab_size)]
+    prompt = prompts(target.vocab_size)[4]
+    first = Engine(target, fused).generate(prompt, 4).steps[0].nodes
+    with torch.no_grad():
+        fused.fuse.weight.zero_()
+    again = Engine(target, fused).generate(prompt, 4).steps[0].nodes
+    assert [n.draft_prob for n in first] != [n.draft_prob for n in again]
+    with pytest.raises(ValueError, match="already packs layers \\[0\\]"):
+        target.capture_layers([1])
+    with pytest.raises(ValueError, match="must lie in 0..0"):
+        tiny_target(arch).capture_layers([1])

@@ -555,3 +555,64 @@ def test_prompt_vocabulary_scoring_counts_what_the_heads_would_draft(tmp_path, p
     assert extended["head1"]["positions"] == plain["head1"]["positions"] == total
     assert extended["head1"]["top1"] == pytest.approx(hits / total)
     assert extended["head1"]["top1"] != plain["head1"]["top1"]  # the prompts hold tokens outside the 12
+
+
+def test_multi_layer_features_cache_train_and_start_from_the_plain_input(tmp_path, tiny_data):
+    """fuse_layers (EAGLE-3's multi-layer features): the hidden cache keeps each extra
+    layer's outputs in its own file beside the shared last-layer one, equal to a fresh
+    forward's; heads continued with fuse layers added draft exactly as before (the
+    projection starts at zero) and then learn it; bad layer settings are clear errors."""
+    from clover.heads.config import HeadConfig, check_fits
+    from clover.training.data import collate
+    from clover.training.hidden_cache import HiddenCache, target_hidden
+
+    target, data = tiny_data
+    cfg = TrainConfig(method="clover", num_heads=2, steps=3, batch_size=2, eval_every=0,
+                      heldout_percent=30, eval_conversations=4)
+    file = tmp_path / "hidden.safetensors"
+    train(target, data, tmp_path / "plain", cfg, progress=False, hidden_cache=file)
+    plain = load_heads(tmp_path / "plain", target)
+    before = file.read_bytes()
+    fused_cfg = replace(cfg, steps=2, lr=1e-2, warmup=1, init_heads=str(tmp_path / "plain"), fuse_layers="0")
+    train(target, data, tmp_path / "fused", fused_cfg, progress=False, hidden_cache=file)
+    assert file.read_bytes() == before  # the last layer's file is shared, unchanged
+    layer_file = tmp_path / "hidden.layer0.safetensors"
+    assert layer_file.is_file()
+    train_set, held = load_split(data, cfg)
+    cache = HiddenCache(target, path=file, layers=[0])
+    assert set(cache.layer_stores[0]) == {r["key"] for r in train_set + held[:4]}
+    batch = train_set[:2]
+    ids, _ = collate(batch, 0)
+    pre, post = cache([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
+    want_pre, want_post = target_hidden(target, ids, [0])
+    D = target.hidden_size
+    assert pre.shape[-1] == want_pre.shape[-1] == 2 * D
+    n = len(batch[0]["input_ids"])
+    assert torch.allclose(pre[0, :n], want_pre[0, :n], rtol=2e-3, atol=2e-3)  # stored in fp16
+    assert torch.allclose(post[0, :n], want_post[0, :n], rtol=2e-3, atol=2e-3)
+    assert torch.allclose(want_pre[..., D:], target.layer_states(ids, [0])[0])
+
+    fused = load_heads(tmp_path / "fused", target)
+    assert fused.config.fuse_layers == [0] and fused.fuse.weight.abs().sum() > 0  # learned
+    # added at zero, the fused heads compute what the plain ones do
+    from clover.training.train import add_fuse_layers
+    start = add_fuse_layers(plain, target, [0])
+    assert start.fuse.weight.abs().sum() == 0
+    rows, cols = torch.tensor([0, 0, 1]), torch.tensor([1, 3, 2])
+    for (a, _), (b, _) in zip(plain.training_outputs(target, ids, want_pre[..., :D], rows, cols),
+                              start.training_outputs(target, ids, want_pre, rows, cols)):
+        assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(ValueError, match="fuse_layers='0', not ''"):
+        train(target, data, tmp_path / "fused", replace(fused_cfg, steps=4, fuse_layers=""), progress=False)
+    with pytest.raises(ValueError, match="for Clover heads, not medusa"):
+        TrainConfig(method="medusa", fuse_layers="0")
+    with pytest.raises(ValueError, match="distinct layer indices"):
+        TrainConfig(fuse_layers="0,0")
+    with pytest.raises(ValueError, match="for Clover heads, not clover2"):
+        HeadConfig(kind="clover2", fuse_layers=[0])
+    with pytest.raises(ValueError, match="before the target's last"):
+        check_fits(HeadConfig.for_target("clover", target, fuse_layers=[1]), target)
+    with pytest.raises(ValueError, match="do not exist"):
+        target.layer_states(ids, [2])
+    with pytest.raises(ValueError, match="another target or layer .*layer 0\\), not of .*layer last\\)"):
+        HiddenCache(target, path=layer_file)  # a layer's file is not the last layer's

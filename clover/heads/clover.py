@@ -17,6 +17,10 @@ Three parts on top of Medusa-style heads:
   head's value is gated by the cosine of its query and key. W_Q, W_K start at identity
   plus small noise, W_V at zero, so training starts from Medusa.
 
+Optionally (``HeadConfig.fuse_layers``, EAGLE-3's multi-layer features) the Augmenting
+Block reads the last layer's state plus a learned projection of earlier layers' outputs
+(:meth:`CloverHeads.block_input`), zero at the start.
+
 Head i then applies its own residual MLP_i, the target's frozen final norm and the
 shared frozen lm_head.
 """
@@ -250,6 +254,21 @@ class CloverHeads(DraftHeads):
         self.augment = build_augmenting_block(target_config, config.augment_layers, config.augment_config)
         self.decoder = AttentionDecoder(d, config.num_attention_heads, config.norm_eps)
         self.mlps = nn.ModuleList([ResBlock(d) for _ in range(config.num_heads)])
+        self.fuse = None  # multi-layer features: W of x = h_last + W [h_l1; ...], from zero
+        if config.fuse_layers:
+            self.fuse = nn.Linear(d * len(config.fuse_layers), d, bias=False)
+            nn.init.zeros_(self.fuse.weight)
+
+    def block_input(self, hidden_pre: torch.Tensor) -> torch.Tensor:
+        """The Augmenting Block's input from the target's features: (..., D) the last
+        layer's state before the final norm, or with ``fuse_layers`` the packed
+        (..., D x (1 + n)) [h_last; h_l1; ...] (:attr:`clover.models.TargetOutput.hidden_pre`
+        of a target capturing those layers) -> (..., D) h_last + W [h_l1; ...]. Features
+        packed for other heads are cut to the last layer's."""
+        d = self.config.hidden_size
+        if self.fuse is None:
+            return hidden_pre[..., :d]
+        return hidden_pre[..., :d] + self.fuse(hidden_pre[..., d:])
 
     def init_from_target(self, target) -> "CloverHeads":
         """Copy the target's last decoder layer into the Augmenting Block."""
@@ -260,13 +279,14 @@ class CloverHeads(DraftHeads):
         """Run the Augmenting Block causally over new target hidden states.
 
         Args:
-            hidden_pre: (B, T, D) target hidden states before the final norm.
+            hidden_pre: (B, T, D) target hidden states before the final norm (or the
+                packed features of :meth:`block_input`).
             cache: the block's own DynamicCache (``start`` positions cached), or None.
             start: position of the first new state.
         Returns:
             (B, T, D) h_0 per position.
         """
-        return run_augmenting_block(self.augment, hidden_pre, cache, start)
+        return run_augmenting_block(self.augment, self.block_input(hidden_pre), cache, start)
 
     def augment_at(self, hidden_pre: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """h_0 at some positions of a batch: ``augment_hidden(hidden_pre, None, 0)[rows,
@@ -274,12 +294,13 @@ class CloverHeads(DraftHeads):
         training reads h_0 at a few sampled positions per conversation).
 
         Args:
-            hidden_pre: (B, T, D) target states before the final norm, from position 0.
+            hidden_pre: (B, T, D) target states before the final norm, from position 0
+                (or the packed features of :meth:`block_input`).
             rows, cols: (M,) long, the batch row and position of each wanted h_0.
         Returns:
             (M, D) h_0 at those positions.
         """
-        return block_at(self.augment, hidden_pre, rows, cols)
+        return block_at(self.augment, self.block_input(hidden_pre), rows, cols)
 
     def regressive_embedding(self, tokens: torch.Tensor, target) -> torch.Tensor:
         """e: L2-normalised lm_head rows, (...,) long -> (..., D)."""
@@ -353,7 +374,8 @@ class CloverDrafter(RecurrentDrafter):
         Augmenting Block forward over every row's new positions
         (:func:`run_augmenting_rows`), each row's block cache then holding exactly its own."""
         first = drafters[0]
-        outs = run_augmenting_rows(first.heads.augment, list(hidden_pre), [d.cache for d in drafters],
+        outs = run_augmenting_rows(first.heads.augment, [first.heads.block_input(h) for h in hidden_pre],
+                                   [d.cache for d in drafters],
                                    [d.length for d in drafters])
         for d, h, out in zip(drafters, hidden_pre, outs):
             d.length += h.shape[0]

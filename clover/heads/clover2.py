@@ -214,6 +214,7 @@ class Clover2Drafter(RecurrentDrafter):
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor,
                 tokens: Sequence[int]) -> None:
         tokens = list(tokens)
+        hidden_pre = hidden_pre[..., : self.heads.config.hidden_size]  # the last layer's (a target may pack more)
         if self.waiting is None:  # tokens[0]: the first prompt token or the consumed root
             self.waiting = hidden_pre
         else:  # tokens[0] follows the last waiting position

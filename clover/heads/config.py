@@ -46,6 +46,11 @@ class HeadConfig:
         shared_recurrence: Clover-2 only: heads 2..K share one recurrent projector
             (AttnDec2 and FC, the design); False gives each its own (an ablation:
             CLOVER2.md §2.1's weight sharing against K - 1 separate sets).
+        fuse_layers: Clover only: 0-based indices of target decoder layers whose outputs
+            join the last layer's as the Augmenting Block's input (EAGLE-3's multi-layer
+            features, arXiv 2503.01840 §3.2): x = h_last + W [h_l1; ...], with W a D x
+            (n D) projection that starts at zero, so training starts from the plain
+            input. Empty (the default) = the last layer only.
         target_fingerprint: :func:`clover.models.target_fingerprint` of the target
             ({"architecture", "vocabulary"} hashes); empty in heads saved before it existed.
     """
@@ -63,6 +68,7 @@ class HeadConfig:
     augment_layers: int = 0
     augment_config: dict = field(default_factory=dict)
     shared_recurrence: bool = True
+    fuse_layers: list = field(default_factory=list)
     target_fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -76,6 +82,11 @@ class HeadConfig:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
         if not self.shared_recurrence and self.kind != "clover2":
             raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.kind} heads have no recurrence")
+        self.fuse_layers = [int(layer) for layer in self.fuse_layers]
+        if self.fuse_layers and self.kind != "clover":
+            raise ValueError(f"fuse_layers (multi-layer features) are for Clover heads, not {self.kind}")
+        if any(layer < 0 for layer in self.fuse_layers) or len(set(self.fuse_layers)) != len(self.fuse_layers):
+            raise ValueError(f"fuse_layers must be distinct decoder layer indices >= 0, got {self.fuse_layers}")
         if self.draft_vocab_size < 0 or (self.vocab_size and self.draft_vocab_size > self.vocab_size):
             raise ValueError(f"draft_vocab_size must be in [0, vocab_size], got {self.draft_vocab_size}")
         if self.num_attention_heads < 1 or (self.hidden_size and self.hidden_size % self.num_attention_heads):
@@ -118,6 +129,10 @@ def check_fits(config: HeadConfig, target) -> None:
     model_type = getattr(target.config, "model_type", "")
     if config.target_model_type and model_type and config.target_model_type != model_type:
         problems.append(f"model type {config.target_model_type!r} != target's {model_type!r}")
+    layers = getattr(target.config, "num_hidden_layers", None)
+    if layers and any(layer >= layers - 1 for layer in config.fuse_layers):
+        problems.append(f"fuse_layers {config.fuse_layers} must name layers before the target's last "
+                        f"(0..{layers - 2})")
     if not problems and config.target_fingerprint:
         for part, what in (("architecture", "architecture config (layers, heads, RoPE, norms)"),
                            ("vocabulary", "tokenizer vocabulary (token ids)")):

@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -100,7 +101,9 @@ class TargetOutput:
     Attributes:
         logits: (T, V) next-token logits per input position ((B, T, V) from
             :meth:`TargetModel.forward_batch`).
-        hidden_pre: (T, D) last decoder layer output, before the final norm ((B, T, D)).
+        hidden_pre: (T, D) last decoder layer output, before the final norm ((B, T, D));
+            when the target captures feature layers (:meth:`TargetModel.capture_layers`),
+            (T, D x (1 + n)): that output, then each feature layer's.
         hidden_post: (T, D) the same after the final norm (what lm_head reads) ((B, T, D)).
     """
 
@@ -168,8 +171,10 @@ class TargetModel:
         if self.sliding_window:
             self.max_context = min(self.max_context, self.sliding_window)
         self.eos_token_ids = _eos_ids(model, tokenizer)
-        # the final norm's input and output, captured per thread during a forward
+        # the final norm's input and output (and feature layers' outputs), captured per
+        # thread during a forward
         self._captured = threading.local()
+        self.feature_layers: tuple[int, ...] = ()  # see capture_layers
         self.final_norm.register_forward_hook(self._capture)
 
     def adopt(self, heads: nn.Module) -> nn.Module:
@@ -183,7 +188,36 @@ class TargetModel:
                     m.few_rows = self.few_row_linears is not False
         heads.vocab_linear = few_row_linear if self.cpu_kernels and self.few_row_linears is not False \
             else nn.functional.linear
+        self.capture_layers(getattr(getattr(heads, "config", None), "fuse_layers", ()))
         return heads
+
+    def capture_layers(self, layers: Sequence[int]) -> None:
+        """From now on pack these decoder layers' outputs into every forward's
+        ``hidden_pre`` (:class:`TargetOutput`): the features of heads with
+        ``HeadConfig.fuse_layers``, which :meth:`adopt` asks for. Heads that read the last
+        layer only take its first D columns, so one target serves both. One set of
+        layers per target; asking again for the same set does nothing.
+
+        Raises:
+            ValueError: a layer index outside 0..L-2, or another set already captured.
+        """
+        layers = tuple(int(layer) for layer in layers)
+        if not layers or layers == self.feature_layers:
+            return
+        stack = decoder_layers(self.base)
+        if self.feature_layers:
+            raise ValueError(f"{self.name} already packs layers {list(self.feature_layers)} into its "
+                             f"features; heads reading layers {list(layers)} need a target of their own")
+        if any(not 0 <= layer < len(stack) - 1 for layer in layers):
+            raise ValueError(f"feature layers {list(layers)} must lie in 0..{len(stack) - 2}")
+        for layer in layers:
+            stack[layer].register_forward_hook(functools.partial(self._capture_layer, layer))
+        self.feature_layers = layers
+
+    def _capture_layer(self, layer, module, args, output):
+        if not hasattr(self._captured, "layers"):
+            self._captured.layers = {}
+        self._captured.layers[layer] = output[0] if isinstance(output, tuple) else output
 
     @functools.cached_property
     def fingerprint(self) -> dict[str, str]:
@@ -238,7 +272,7 @@ class TargetModel:
         out = self.model(input_ids=input_ids, position_ids=position_ids,
                          attention_mask=attention_mask, cache=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0)
-        pre, post = self._take_captured()
+        pre, post = self._take_captured(self.feature_layers)
         return TargetOutput(out.logits, pre, post)
 
     def hidden_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,9 +286,49 @@ class TargetModel:
         self.base(input_ids=input_ids)
         return self._take_captured()
 
-    def _take_captured(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_states(self, input_ids: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
+        """Outputs of some decoder layers for a right-padded batch, no cache (training's
+        multi-layer features, ``HeadConfig.fuse_layers``); only the layers up to the
+        deepest one asked run.
+
+        Args:
+            input_ids: (B, T) long.
+            layers: 0-based decoder layer indices.
+        Returns:
+            per layer asked, (B, T, D) its output (the residual stream after it).
+        Raises:
+            ValueError: a layer index outside the model's decoder layers.
+        """
+        stack = decoder_layers(self.base)
+        bad = [layer for layer in layers if not 0 <= layer < len(stack)]
+        if bad or not layers:
+            raise ValueError(f"decoder layers {bad or list(layers)} do not exist; "
+                             f"{self.name} has layers 0..{len(stack) - 1}")
+        got: dict[int, torch.Tensor] = {}
+
+        def keep(layer, module, args, output):
+            got[layer] = output[0] if isinstance(output, tuple) else output
+
+        hooks = [stack[layer].register_forward_hook(functools.partial(keep, layer)) for layer in set(layers)]
+        name = next(n for n, m in self.base.named_children() if m is stack)
+        setattr(self.base, name, stack[: max(layers) + 1])
+        try:
+            self.base(input_ids=input_ids)
+        finally:
+            setattr(self.base, name, stack)
+            for hook in hooks:
+                hook.remove()
+            self._take_captured()
+        return [got[layer] for layer in layers]
+
+    def _take_captured(self, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last forward's (pre, post) states, ``pre`` packed with ``layers``' outputs."""
         pre, post = self._captured.pre, self._captured.post
+        extra = getattr(self._captured, "layers", {})
         self._captured.pre = self._captured.post = None
+        self._captured.layers = {}
+        if layers:
+            pre = torch.cat([pre, *(extra[layer] for layer in layers)], -1)
         return pre, post
 
     def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:

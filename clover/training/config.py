@@ -72,6 +72,12 @@ class TrainConfig:
             conversation of data category "translation" or "rag" 8 times as often as one
             of weight 1 (every category not named); each step's batch is drawn without
             replacement in proportion to these weights ("" = uniform, the default).
+        fuse_layers: Clover only: comma-separated target decoder layers (0-based, e.g.
+            "15") whose outputs join the last layer's as the Augmenting Block's input
+            (``HeadConfig.fuse_layers``; EAGLE-3's multi-layer features); with
+            ``init_heads`` they are added to the loaded heads through a projection that
+            starts at zero. Their states are cached beside ``--hidden-cache``, one file
+            per layer ("" = the last layer only).
         init_heads: start from the heads in this folder (e.g. ``assets/heads/clover``, to
             continue the shipped heads' training) instead of a fresh initialisation; they
             must be of this kind with num_heads heads for this target, and their draft
@@ -108,6 +114,7 @@ class TrainConfig:
     keep_evals: bool = False
     init_heads: str = ""
     category_weights: str = ""
+    fuse_layers: str = ""
 
     def __post_init__(self):
         if self.method not in HEAD_KINDS:
@@ -129,8 +136,25 @@ class TrainConfig:
         if self.topk_weight < 0 or self.topk < 1 or self.argmax_weight < 0:
             raise ValueError("topk_weight and argmax_weight must be >= 0 and topk >= 1")
         parse_category_weights(self.category_weights)  # raises on a malformed mix
+        if parse_layers(self.fuse_layers) and self.method != "clover":
+            raise ValueError(f"fuse_layers (multi-layer features) are for Clover heads, not {self.method}")
         if not self.shared_recurrence and self.method != "clover2":
             raise ValueError(f"shared_recurrence=False is a Clover-2 ablation; {self.method} has no recurrence")
+
+
+def parse_layers(text: str) -> list[int]:
+    """``"8,15"`` -> ``[8, 15]`` ("" -> []).
+
+    Raises:
+        ValueError: an entry that is not a layer index >= 0, or one named twice.
+    """
+    try:
+        layers = [int(e) for e in (e.strip() for e in str(text).split(",")) if e]
+    except ValueError:
+        layers = [-1]
+    if any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"fuse_layers: {text!r} is not a comma-separated list of distinct layer indices >= 0")
+    return layers
 
 
 def parse_category_weights(text: str) -> dict[str, float]:

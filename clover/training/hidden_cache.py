@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from clover.training.data import collate
 
 
-def target_hidden(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frozen target over a batch: (B, T, D) hidden states before and after the final norm."""
+def target_hidden(target, ids: torch.Tensor, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen target over a batch: (B, T, D) hidden states before and after the final norm;
+    with ``layers`` the first is the packed (B, T, D x (1 + n)) features of
+    ``HeadConfig.fuse_layers``: the last layer's state, then each of those layers' outputs."""
     with torch.no_grad():
-        return target.hidden_states(ids)
+        pre, post = target.hidden_states(ids)
+        if layers:
+            pre = torch.cat([pre, *target.layer_states(ids, layers)], -1)
+        return pre, post
 
 
 class HiddenCache:
@@ -38,6 +44,12 @@ class HiddenCache:
     :meth:`save`, so a Medusa and a Clover run on the same data pay for the target's
     forward passes once.
 
+    With ``layers`` (decoder layer indices, 0-based: the multi-layer features of
+    ``HeadConfig.fuse_layers``) it also keeps those layers' outputs, each in its own file
+    beside ``path`` (:meth:`layer_path`), so the last layer's file stays shared with runs
+    that read no other layer; computing a missing layer runs the target only up to the
+    deepest layer asked. Calls then return the packed features (see :meth:`__call__`).
+
     Raises:
         ValueError: when ``path`` holds states of another target: its name, dtype or a
             fingerprint of its weights differ (two builds of one model, e.g. a quantised
@@ -45,29 +57,39 @@ class HiddenCache:
     """
 
     def __init__(self, target, enabled: bool = True, path: str | Path | None = None,
-                 write: bool = True, store_dtype: torch.dtype = torch.float16):
+                 write: bool = True, store_dtype: torch.dtype = torch.float16, layers: Sequence[int] = ()):
         self.target, self.enabled, self.write = target, enabled, write
         self.store_dtype = store_dtype
         self.path = Path(path) if path else None
-        self.store: dict = {}
+        self.layers = tuple(int(layer) for layer in layers)
+        self.store: dict = self._open(self.path, self.metadata())
+        self.layer_stores: dict[int, dict] = {
+            layer: self._open(self.layer_path(layer), self.metadata(layer)) for layer in self.layers}
         self.dirty = False
-        if self.path is not None and self.path.is_file():
-            from safetensors import safe_open
+        self.layers_dirty = False
 
-            with safe_open(str(self.path), "pt") as f:
-                meta = f.metadata() or {}
-                want = self.metadata()
-                if any(meta.get(k) != v for k, v in want.items()):
-                    raise ValueError(f"{self.path} holds hidden states of another target "
-                                     f"({meta.get('target')!r}, {meta.get('dtype')}, weights "
-                                     f"{meta.get('fingerprint')}), not of {target.name!r} "
-                                     f"({want['dtype']}, weights {want['fingerprint']}); delete it "
-                                     f"or pass another file")
-                self.store = {k: f.get_tensor(k) for k in f.keys()}
+    def layer_path(self, layer: int) -> Path | None:
+        """The file of one decoder layer's states beside ``path``: ``<stem>.layer<l>.safetensors``."""
+        return None if self.path is None else self.path.with_name(f"{self.path.stem}.layer{layer}{self.path.suffix}")
 
-    def metadata(self) -> dict[str, str]:
+    def _open(self, path: Path | None, want: dict[str, str]) -> dict:
+        if path is None or not path.is_file():
+            return {}
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            if any(meta.get(k) != want.get(k) for k in {*want, "layer"}):
+                raise ValueError(f"{path} holds hidden states of another target or layer "
+                                 f"({meta.get('target')!r}, {meta.get('dtype')}, weights "
+                                 f"{meta.get('fingerprint')}, layer {meta.get('layer', 'last')}), not of "
+                                 f"{self.target.name!r} ({want['dtype']}, weights {want['fingerprint']}, "
+                                 f"layer {want.get('layer', 'last')}); delete it or pass another file")
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    def metadata(self, layer: int | None = None) -> dict[str, str]:
         """What identifies the target's states: name, hidden size, dtype and a hash of its
-        lm_head and last-layer weights."""
+        lm_head and last-layer weights (and, for a decoder layer's own file, its index)."""
         import hashlib
 
         from clover.models import decoder_layers
@@ -76,29 +98,53 @@ class HiddenCache:
         last = decoder_layers(self.target.base)[-1]
         for w in (self.target.lm_head.weight[:256], *list(last.parameters())[:2]):
             h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
-        return {"target": self.target.name, "hidden_size": str(self.target.hidden_size),
+        meta = {"target": self.target.name, "hidden_size": str(self.target.hidden_size),
                 "dtype": str(self.target.dtype).replace("torch.", ""), "fingerprint": h.hexdigest()[:16]}
+        if layer is not None:
+            meta["layer"] = str(layer)
+        return meta
+
+    def _keep(self, store: dict, key, state: torch.Tensor) -> None:
+        if state.abs().max() < 6e4:  # within fp16's range
+            state = state.to(self.store_dtype)
+        store[key] = state.cpu().contiguous()
+
+    def missing(self, key) -> bool:
+        """Whether any state of conversation ``key`` is not stored yet."""
+        return key not in self.store or any(key not in s for s in self.layer_stores.values())
 
     def __call__(self, keys: list, ids: torch.Tensor, lengths: list[int]):
-        """(B, T, D) pre and post states for a right-padded batch ``ids``."""
+        """(B, T, D') pre and (B, T, D) post states for a right-padded batch ``ids``: the
+        last layer's states before the final norm, then (with ``layers``) each of those
+        layers' outputs, concatenated (D' = D x (1 + len(layers)); the packed features
+        of ``HeadConfig.fuse_layers``), and the last layer's after the final norm."""
         if not self.enabled:
-            return target_hidden(self.target, ids)
+            return target_hidden(self.target, ids, self.layers)
         todo = [i for i, k in enumerate(keys) if k not in self.store]
         if todo:
             width = max(lengths[i] for i in todo)
             pre, _ = target_hidden(self.target, ids[todo, :width])
             for j, i in enumerate(todo):
-                state = pre[j, : lengths[i]]
-                if state.abs().max() < 6e4:  # within fp16's range
-                    state = state.to(self.store_dtype)
-                self.store[keys[i]] = state.cpu().contiguous()
+                self._keep(self.store, keys[i], pre[j, : lengths[i]])
             self.dirty = True
+        todo = [i for i, k in enumerate(keys) if any(k not in s for s in self.layer_stores.values())]
+        if todo:  # only the layers up to the deepest asked run
+            width = max(lengths[i] for i in todo)
+            with torch.no_grad():
+                states = self.target.layer_states(ids[todo, :width], self.layers)
+            for layer, state in zip(self.layers, states):
+                for j, i in enumerate(todo):
+                    self._keep(self.layer_stores[layer], keys[i], state[j, : lengths[i]])
+            self.layers_dirty = True
         B, T = ids.shape
-        pre = torch.zeros(B, T, self.target.hidden_size, dtype=self.target.dtype, device=ids.device)
+        D = self.target.hidden_size
+        pre = torch.zeros(B, T, D * (1 + len(self.layers)), dtype=self.target.dtype, device=ids.device)
         for i, k in enumerate(keys):
-            pre[i, : lengths[i]] = self.store[k].to(ids.device, self.target.dtype)
+            pre[i, : lengths[i], :D] = self.store[k].to(ids.device, self.target.dtype)
+            for n, layer in enumerate(self.layers, 1):
+                pre[i, : lengths[i], n * D: (n + 1) * D] = self.layer_stores[layer][k].to(ids.device, self.target.dtype)
         with torch.no_grad():
-            post = self.target.final_norm(pre)
+            post = self.target.final_norm(pre[..., :D])
         return pre, post
 
     def fill(self, records: list[dict], pad: int, batch_size: int = 8, progress: bool = True) -> None:
@@ -109,7 +155,7 @@ class HiddenCache:
 
         import time
 
-        todo = sorted((r for r in records if r["key"] not in self.store), key=lambda r: len(r["input_ids"]))
+        todo = sorted((r for r in records if self.missing(r["key"])), key=lambda r: len(r["input_ids"]))
         last_save = time.monotonic()
         for i in tqdm(range(0, len(todo), batch_size), desc="target hidden states",
                       disable=not progress or not todo):
@@ -122,14 +168,23 @@ class HiddenCache:
         self.save()
 
     def save(self) -> None:
-        """Write the store to ``path`` (atomically) when it has new entries (only from the
-        main process when several run)."""
-        if self.path is None or not self.dirty or not self.write:
+        """Write the stores with new entries to their files (atomically; only from the main
+        process when several run)."""
+        if self.path is None or not self.write:
             return
+        if self.dirty:
+            self._write(self.path, self.store, self.metadata())
+            self.dirty = False
+        if self.layers_dirty:
+            for layer in self.layers:
+                self._write(self.layer_path(layer), self.layer_stores[layer], self.metadata(layer))
+            self.layers_dirty = False
+
+    @staticmethod
+    def _write(path: Path, store: dict, metadata: dict) -> None:
         from safetensors.torch import save_file
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        save_file(self.store, str(tmp), metadata=self.metadata())
-        os.replace(tmp, self.path)
-        self.dirty = False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(store, str(tmp), metadata=metadata)
+        os.replace(tmp, path)

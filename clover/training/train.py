@@ -43,7 +43,7 @@ from torch import nn
 from clover.training.data import collate, read_records
 from clover.training.hidden_cache import HiddenCache, target_hidden
 from clover.heads import DraftHeads, load_heads, new_heads
-from clover.training.config import TrainConfig, parse_category_weights
+from clover.training.config import TrainConfig, parse_category_weights, parse_layers
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         the positions where heads 1..k are all right, among the chain positions (those
         where every head has a target).
     """
-    pre, post = hidden if hidden is not None else target_hidden(target, ids)
+    pre, post = hidden if hidden is not None else target_hidden(target, ids, heads.config.fuse_layers)
     rows, cols = sample_positions(mask, n_positions, gen)
     training = heads.training and not exact_metrics
     allowed = None
@@ -239,7 +239,7 @@ def batch_loss(heads, target, ids, mask, cfg: TrainConfig, gen, n_positions: int
         if cfg.argmax_weight > 0 and allowed is None:  # the target's greedy token, a hard label
             loss = loss + weight * cfg.argmax_weight * nn.functional.nll_loss(logp, teacher.argmax(-1))
         if cfg.hidden_weight > 0:
-            ref = (pre if heads.regression_space == "pre" else post)[rows[ok], tgt]
+            ref = (pre[..., :post.shape[-1]] if heads.regression_space == "pre" else post)[rows[ok], tgt]
             loss = loss + weight * cfg.hidden_weight * nn.functional.smooth_l1_loss(z[ok].float(), ref.float())
         with torch.no_grad():
             best = teacher.argmax(-1)
@@ -327,8 +327,28 @@ def init_heads(cfg: TrainConfig, target) -> DraftHeads:
     if cfg.draft_vocab and got.draft_vocab_size != cfg.draft_vocab:
         raise ValueError(f"--init-heads {cfg.init_heads} drafts among {got.draft_vocab_size or 'all'} tokens, "
                          f"not --draft-vocab {cfg.draft_vocab}")
+    want_layers = parse_layers(cfg.fuse_layers)
+    if got.fuse_layers != want_layers:
+        if got.fuse_layers:
+            raise ValueError(f"--init-heads {cfg.init_heads} holds heads with fuse_layers={got.fuse_layers}, "
+                             f"not {want_layers}")
+        heads = add_fuse_layers(heads, target, want_layers)
     log.info("starting from the heads in %s", cfg.init_heads)
     return heads
+
+
+def add_fuse_layers(heads: DraftHeads, target, layers: list[int]) -> DraftHeads:
+    """Clover heads like ``heads`` (same weights) that also read the target's ``layers``
+    (``HeadConfig.fuse_layers``) through a projection that starts at zero, so they draft
+    exactly as ``heads`` until trained (EAGLE-3's multi-layer features added to trained
+    heads)."""
+    from dataclasses import replace as replace_config
+
+    fused = DraftHeads.build(replace_config(heads.config, fuse_layers=list(layers)), target)
+    missing, unexpected = fused.load_state_dict(heads.state_dict(), strict=False)
+    if unexpected or set(missing) != {"fuse.weight"}:
+        raise ValueError(f"cannot add fuse_layers to these heads (missing {missing}, unexpected {unexpected})")
+    return fused.to(device=target.device, dtype=target.dtype)
 
 
 def lineage(cfg: TrainConfig) -> dict:
@@ -380,10 +400,10 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
         state = json.loads((ckpt / "state.json").read_text())
         if state["config"]["method"] != cfg.method:
             raise ValueError(f"{ckpt} holds a {state['config']['method']} run, not {cfg.method}")
-        for name in ("num_heads", "shared_recurrence"):  # the heads' shape: a resume cannot change it
+        for name in ("num_heads", "shared_recurrence", "fuse_layers"):  # the heads' shape: a resume cannot change it
             saved = state["config"].get(name, TrainConfig.__dataclass_fields__[name].default)
             if saved != getattr(cfg, name):
-                raise ValueError(f"{ckpt} holds a run with {name}={saved}, not {getattr(cfg, name)}: "
+                raise ValueError(f"{ckpt} holds a run with {name}={saved!r}, not {getattr(cfg, name)!r}: "
                                  "give the same setting, or --no-resume to start over")
         heads = load_heads(ckpt, target)
         log.info("resuming from step %d", state["step"])
@@ -393,6 +413,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
         vocab = (frequent_tokens(train_set, cfg.draft_vocab, target.vocab_size,
                                  sorted(target.eos_token_ids)) if cfg.draft_vocab else None)
         extra = {} if cfg.shared_recurrence else {"shared_recurrence": False}
+        if cfg.fuse_layers:
+            extra["fuse_layers"] = parse_layers(cfg.fuse_layers)
         heads = new_heads(cfg.method, target, num_heads=cfg.num_heads, draft_vocab=vocab, **extra)
     heads.train()
     for p in heads.parameters():
@@ -411,7 +433,7 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
     heads, opt = accelerator.prepare(heads, opt)
     raw = accelerator.unwrap_model(heads)
     hidden = HiddenCache(target, enabled=cache_hidden or hidden_cache is not None, path=hidden_cache,
-                         write=accelerator.is_main_process)
+                         write=accelerator.is_main_process, layers=raw.config.fuse_layers)
     if hidden_cache is not None:
         hidden.fill(train_set + held[: cfg.eval_conversations], pad, progress=progress)
     rng = random.Random(cfg.seed * 7919 + state["step"])
