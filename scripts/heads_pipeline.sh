@@ -88,6 +88,15 @@ EVAL="$CACHE/yardstick-levers-$(stamp clover).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
   "$RUNS/lever-argmax-$(stamp clover)" "$RUNS/lever-taskmix-$(stamp clover)" \
   --threads "$THREADS" --json "$EVAL"
+# Multi-layer features (EAGLE-3, arXiv 2503.01840): the Augmenting Block also reads the
+# output of the target's middle layer (15 of 30) through a projection that starts at zero
+# (--fuse-layers). Its first run computes that layer's states for all the data once
+# (layers 0..15 only, about half the last layer's 2.8 hours; saved every ten minutes
+# beside the hidden cache, so it resumes), then trains like the other levers.
+run "lever-fuse-$(stamp clover)" "${LEVER[@]}" --fuse-layers 15
+EVAL="$CACHE/yardstick-fuse-$(stamp clover).json"
+[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
+  "$RUNS/lever-fuse-$(stamp clover)" --threads "$THREADS" --json "$EVAL"
 
 # More compute on the same data before the curve: each round continues the last round's
 # heads (not the shipped ones) CONTINUE_STEPS further, Medusa at exactly Clover's steps;
