@@ -109,6 +109,7 @@ class Engine:
                  tree: TreeConfig | None = None, lookup: LookupConfig | None = None):
         if heads is not None:
             check_fits(heads.config, target)
+            target.capture_layers(heads.config.fuse_layers)  # the features they read
         if tree is not None and tree.auto:
             raise ValueError("the tree setting 'auto' is resolved before building an Engine: "
                              "tree, lookup = clover.autotree.resolve_tree(target, heads, tree, lookup)")

@@ -84,7 +84,7 @@ run "lever-argmax-$(stamp clover)" "${LEVER[@]}" --argmax-weight 0.5
 # of a thirteenth.
 MIX=translation=4,summarization=4,rag=4,math_reasoning=4
 run "lever-taskmix-$(stamp clover)" "${LEVER[@]}" --category-weights "$MIX"
-EVAL="$CACHE/yardstick-levers-$(stamp clover).json"
+EVAL="$CACHE/yardstick-loss-mix-$(stamp clover).json"  # the argmax and task-mix A/Bs
 [ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
   "$RUNS/lever-argmax-$(stamp clover)" "$RUNS/lever-taskmix-$(stamp clover)" \
   --threads "$THREADS" --json "$EVAL"

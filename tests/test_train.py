@@ -602,6 +602,16 @@ def test_multi_layer_features_cache_train_and_start_from_the_plain_input(tmp_pat
     for (a, _), (b, _) in zip(plain.training_outputs(target, ids, want_pre[..., :D], rows, cols),
                               start.training_outputs(target, ids, want_pre, rows, cols)):
         assert torch.allclose(a, b, atol=1e-6)
+    with pytest.raises(ValueError, match="read the target's layers \\[0\\] too"):
+        start.block_input(want_pre[..., :D])  # features without layer 0
+    from clover.training.train import perturb_features
+    noisy = perturb_features(want_pre, 0.0, 0.5, torch.Generator().manual_seed(0), width=D)
+    for part in (slice(0, D), slice(D, 2 * D)):  # each layer's noise scales with its own RMS
+        rel = (noisy[..., part] - want_pre[..., part]).pow(2).mean() / want_pre[..., part].pow(2).mean()
+        assert 0.15 < float(rel) < 0.35  # 0.5 ** 2
+    with pytest.raises(ValueError, match="pass --fuse-layers 0"):
+        train(target, data, tmp_path / "again", replace(fused_cfg, init_heads=str(tmp_path / "fused"),
+                                                         fuse_layers=""), progress=False)
     with pytest.raises(ValueError, match="fuse_layers='0', not ''"):
         train(target, data, tmp_path / "fused", replace(fused_cfg, steps=4, fuse_layers=""), progress=False)
     with pytest.raises(ValueError, match="for Clover heads, not medusa"):

@@ -264,10 +264,19 @@ class CloverHeads(DraftHeads):
         layer's state before the final norm, or with ``fuse_layers`` the packed
         (..., D x (1 + n)) [h_last; h_l1; ...] (:attr:`clover.models.TargetOutput.hidden_pre`
         of a target capturing those layers) -> (..., D) h_last + W [h_l1; ...]. Features
-        packed for other heads are cut to the last layer's."""
+        packed for other heads are cut to the last layer's.
+
+        Raises:
+            ValueError: heads with ``fuse_layers`` given features without those layers.
+        """
         d = self.config.hidden_size
         if self.fuse is None:
             return hidden_pre[..., :d]
+        if hidden_pre.shape[-1] != self.fuse.in_features + d:
+            raise ValueError(f"these Clover heads read the target's layers {self.config.fuse_layers} too "
+                             f"({self.fuse.in_features + d} features per position), got {hidden_pre.shape[-1]}: "
+                             f"the target must capture them (target.capture_layers, done by "
+                             f"load_heads and Engine)")
         return hidden_pre[..., :d] + self.fuse(hidden_pre[..., d:])
 
     def init_from_target(self, target) -> "CloverHeads":

@@ -275,21 +275,33 @@ class TargetModel:
         pre, post = self._take_captured(self.feature_layers)
         return TargetOutput(out.logits, pre, post)
 
-    def hidden_states(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def hidden_states(self, input_ids: torch.Tensor, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of a right-padded batch, no cache and no lm_head (training).
 
         Args:
             input_ids: (B, T) long.
+            layers: decoder layers whose outputs to pack after the last layer's state
+                (the features of ``HeadConfig.fuse_layers``); taken from the same forward
+                when this target captures them (:meth:`capture_layers`), else from a
+                second, partial one (:meth:`layer_states`).
         Returns:
-            (B, T, D) states before and after the final norm.
+            (B, T, D) states before the final norm ((B, T, D x (1 + n)) packed with
+            ``layers``) and (B, T, D) after it.
         """
         self.base(input_ids=input_ids)
-        return self._take_captured()
+        if layers and set(layers) <= set(self.feature_layers):
+            return self._take_captured(layers)
+        pre, post = self._take_captured()
+        if layers:
+            pre = torch.cat([pre, *self.layer_states(input_ids, layers)], -1)
+        return pre, post
 
     def layer_states(self, input_ids: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
         """Outputs of some decoder layers for a right-padded batch, no cache (training's
         multi-layer features, ``HeadConfig.fuse_layers``); only the layers up to the
-        deepest one asked run.
+        deepest one asked run. Not thread-safe: the model's layer list is cut for the
+        call, so no other forward may run on this target meanwhile (training and the
+        hidden cache run one at a time).
 
         Args:
             input_ids: (B, T) long.
@@ -318,12 +330,13 @@ class TargetModel:
             setattr(self.base, name, stack)
             for hook in hooks:
                 hook.remove()
-            self._take_captured()
+            self._captured.pre = self._captured.post = None
+            self._captured.layers = {}
         return [got[layer] for layer in layers]
 
     def _take_captured(self, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """The last forward's (pre, post) states, ``pre`` packed with ``layers``' outputs."""
-        pre, post = self._captured.pre, self._captured.post
+        pre, post = getattr(self._captured, "pre", None), getattr(self._captured, "post", None)
         extra = getattr(self._captured, "layers", {})
         self._captured.pre = self._captured.post = None
         self._captured.layers = {}

@@ -25,10 +25,7 @@ def target_hidden(target, ids: torch.Tensor, layers: Sequence[int] = ()) -> tupl
     with ``layers`` the first is the packed (B, T, D x (1 + n)) features of
     ``HeadConfig.fuse_layers``: the last layer's state, then each of those layers' outputs."""
     with torch.no_grad():
-        pre, post = target.hidden_states(ids)
-        if layers:
-            pre = torch.cat([pre, *target.layer_states(ids, layers)], -1)
-        return pre, post
+        return target.hidden_states(ids, layers)
 
 
 class HiddenCache:
@@ -62,9 +59,9 @@ class HiddenCache:
         self.store_dtype = store_dtype
         self.path = Path(path) if path else None
         self.layers = tuple(int(layer) for layer in layers)
-        self.store: dict = self._open(self.path, self.metadata())
-        self.layer_stores: dict[int, dict] = {
-            layer: self._open(self.layer_path(layer), self.metadata(layer)) for layer in self.layers}
+        self.store: dict = self._open(self.path)
+        self.layer_stores: dict[int, dict] = {layer: self._open(self.layer_path(layer), layer)
+                                              for layer in self.layers}
         self.dirty = False
         self.layers_dirty = False
 
@@ -72,11 +69,14 @@ class HiddenCache:
         """The file of one decoder layer's states beside ``path``: ``<stem>.layer<l>.safetensors``."""
         return None if self.path is None else self.path.with_name(f"{self.path.stem}.layer{layer}{self.path.suffix}")
 
-    def _open(self, path: Path | None, want: dict[str, str]) -> dict:
+    def _open(self, path: Path | None, layer: int | None = None) -> dict:
+        """The states stored in ``path`` ({} when there is none), checked against
+        :meth:`metadata`."""
         if path is None or not path.is_file():
             return {}
         from safetensors import safe_open
 
+        want = self.metadata(layer)
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
             if any(meta.get(k) != want.get(k) for k in {*want, "layer"}):

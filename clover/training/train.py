@@ -146,11 +146,14 @@ def sample_positions(mask: torch.Tensor, n: int, gen: torch.Generator):
     return torch.cat(rows), torch.cat(cols)
 
 
-def perturb_features(x: torch.Tensor, dropout: float, noise: float, gen: torch.Generator | None):
+def perturb_features(x: torch.Tensor, dropout: float, noise: float, gen: torch.Generator | None,
+                     width: int | None = None):
     """Training-time regularisation of the target features the heads read: Gaussian
-    noise with std ``noise`` x each vector's RMS, then dropout. ``x``: (..., D)."""
+    noise with std ``noise`` x each vector's RMS, then dropout. ``x``: (..., D), or
+    features packed from several layers, (..., n x ``width``): each layer's own RMS."""
     if noise > 0:
-        rms = x.float().pow(2).mean(-1, keepdim=True).sqrt().to(x.dtype)
+        groups = x.unflatten(-1, (-1, width or x.shape[-1]))  # (..., n, width)
+        rms = groups.float().pow(2).mean(-1, keepdim=True).sqrt().to(x.dtype).expand_as(groups).flatten(-2)
         eps = torch.randn(x.shape, generator=gen, dtype=x.dtype) if gen is not None else torch.randn_like(x)
         x = x + noise * rms * eps.to(x.device)
     if dropout > 0:
@@ -167,7 +170,8 @@ def head_outputs(heads: DraftHeads, target, ids, pre, rows, cols, cfg: TrainConf
     the heads read."""
     features = None
     if cfg is not None and (cfg.feature_noise > 0 or cfg.dropout > 0):
-        features = partial(perturb_features, dropout=cfg.dropout, noise=cfg.feature_noise, gen=gen)
+        features = partial(perturb_features, dropout=cfg.dropout, noise=cfg.feature_noise, gen=gen,
+                           width=heads.config.hidden_size)
     return heads.training_outputs(target, ids, pre, rows, cols, features)
 
 
@@ -331,7 +335,7 @@ def init_heads(cfg: TrainConfig, target) -> DraftHeads:
     if got.fuse_layers != want_layers:
         if got.fuse_layers:
             raise ValueError(f"--init-heads {cfg.init_heads} holds heads with fuse_layers={got.fuse_layers}, "
-                             f"not {want_layers}")
+                             f"not {want_layers}: pass --fuse-layers {','.join(map(str, got.fuse_layers))}")
         heads = add_fuse_layers(heads, target, want_layers)
     log.info("starting from the heads in %s", cfg.init_heads)
     return heads
@@ -402,6 +406,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
             raise ValueError(f"{ckpt} holds a {state['config']['method']} run, not {cfg.method}")
         for name in ("num_heads", "shared_recurrence", "fuse_layers"):  # the heads' shape: a resume cannot change it
             saved = state["config"].get(name, TrainConfig.__dataclass_fields__[name].default)
+            if name == "fuse_layers" and parse_layers(saved) == parse_layers(cfg.fuse_layers):
+                continue
             if saved != getattr(cfg, name):
                 raise ValueError(f"{ckpt} holds a run with {name}={saved!r}, not {getattr(cfg, name)!r}: "
                                  "give the same setting, or --no-resume to start over")
