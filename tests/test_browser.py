@@ -5,6 +5,7 @@ written to assets/figures/app.png, the README's screenshot: refresh it when the 
 with ``CLOVER_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py -k tree_metrics``."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -182,8 +183,13 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
         f" && document.querySelector('#race-plot .gtitle').textContent !== {end_title!r}",
         timeout=10_000)
     assert page.locator("#race-plot .bars text").all_text_contents() != end_labels
+    # it ends on the figure it started from: the title and then every bar's label (under
+    # load Plotly may draw the last frame's labels a moment after its title)
+    labels_js = "Array.from(document.querySelectorAll('#race-plot .bars text')).map(t => t.textContent)"
+    end_json = json.dumps(json.dumps(end_labels, separators=(",", ":"), ensure_ascii=False))  # a JS string
     page.wait_for_function(
-        f"document.querySelector('#race-plot .gtitle').textContent === {end_title!r}",
+        f"document.querySelector('#race-plot .gtitle').textContent === {end_title!r}"
+        f" && JSON.stringify({labels_js}) === {end_json}",
         timeout=30_000)
     assert page.locator("#race-plot .bars text").all_text_contents() == end_labels
     page.remove_listener("request", on_request)
