@@ -1,5 +1,7 @@
 """Draw the heads' compute curve (``assets/heads/curve.json``) as an SVG line chart:
-held-out head-1 top-1 against training position-visits, the shipped heads as a marker.
+held-out head-1 top-1 against training position-visits: Clover from fresh heads, the
+shipped v3 heads as a marker, and the shipped heads' continuations (Clover and Medusa at
+equal compute) as dashed lines.
 
     python scripts/curve_figure.py            # writes assets/figures/compute_curve.svg
     python scripts/curve_figure.py --check    # exits 1 when the committed SVG is stale
@@ -24,7 +26,10 @@ def svg(curve: dict) -> str:
     pts = [(p["step"] * per / 1e6, 100 * p["heldout_top1"]) for p in curve["points"]]
     ref = curve["reference"]
     rx, ry = ref["position_visits"] / 1e6, 100 * ref["heldout_top1"]
-    xs = [x for x, _ in pts] + [rx]
+    cont = curve.get("continuation", {}).get("points", [])
+    series = {kind: [(c["position_visits"] / 1e6, 100 * c[kind]["heldout_top1"]) for c in cont]
+              for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
+    xs = [x for x, _ in pts] + [rx] + [x for line in series.values() for x, _ in line]
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
     y0, y1 = 25.0, 60.0
 
@@ -46,15 +51,30 @@ def svg(curve: dict) -> str:
             out.append(f'<text x="{X(x):.1f}" y="{h - bottom + 16}" text-anchor="middle">{x}M</text>')
     out.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">training position-visits '
                '(log scale; 1.9M = the shipped v3 heads)</text>')
-    out.append(f'<text x="{left}" y="{top - 10}">Clover head 1, held-out top-1 (greedy acceptance of one '
+    out.append(f'<text x="{left}" y="{top - 10}">Head 1, held-out top-1 (greedy acceptance of one '
                'drafted token)</text>')
+    legend = [("#2ca02c", False, "Clover from fresh heads: every position, one long cosine")]
+    for kind, colour in (("clover", "#1f77b4"), ("medusa", "#ff7f0e")):
+        line = series[kind]
+        if not line:
+            continue
+        d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(line))
+        out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="6 3"/>')
+        out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="{colour}"/>' for x, y in line]
+        legend.append((colour, True, f"{kind.capitalize()}: the shipped v3 continued to v{len(line) + 2} "
+                                     "(equal compute)"))
     path = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(pts))
     out.append(f'<path d="{path}" fill="none" stroke="#2ca02c" stroke-width="2"/>')
     out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#2ca02c"/>' for x, y in pts]
     out.append(f'<rect x="{X(rx) - 4:.1f}" y="{Y(ry) - 4:.1f}" width="8" height="8" fill="#d62728"/>')
     out.append(f'<text x="{X(rx) + 8:.1f}" y="{Y(ry) + 16:.1f}" fill="#d62728">shipped v3 (sampled positions)</text>')
-    out.append(f'<text x="{X(pts[-1][0]) - 6:.1f}" y="{Y(pts[-1][1]) - 8:.1f}" text-anchor="end" fill="#2ca02c">'
-               'every position, one long cosine</text>')
+    lx, ly = w - right - 330, Y(37.5)  # the legend, in the empty lower right
+    for i, (colour, dashed, label) in enumerate(legend):
+        y = ly + 18 * i
+        dash = ' stroke-dasharray="6 3"' if dashed else ""
+        out.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{y - 4:.1f}" y2="{y - 4:.1f}" stroke="{colour}" '
+                   f'stroke-width="2"{dash}/>')
+        out.append(f'<text x="{lx + 30}" y="{y:.1f}" fill="{colour}">{label}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
