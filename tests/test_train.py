@@ -591,6 +591,10 @@ def test_multi_layer_features_cache_train_and_start_from_the_plain_input(tmp_pat
     assert torch.allclose(pre[0, :n], want_pre[0, :n], rtol=2e-3, atol=2e-3)  # stored in fp16
     assert torch.allclose(post[0, :n], want_post[0, :n], rtol=2e-3, atol=2e-3)
     assert torch.allclose(want_pre[..., D:], target.layer_states(ids, [0])[0])
+    fresh = HiddenCache(target, layers=[0])  # nothing stored: both parts from one call
+    got, _ = fresh([r["key"] for r in batch], ids, [len(r["input_ids"]) for r in batch])
+    assert torch.allclose(got[0, :n], want_pre[0, :n], rtol=2e-3, atol=2e-3)
+    assert set(fresh.store) == set(fresh.layer_stores[0]) == {r["key"] for r in batch}
 
     fused = load_heads(tmp_path / "fused", target)
     assert fused.config.fuse_layers == [0] and fused.fuse.weight.abs().sum() > 0  # learned

@@ -120,13 +120,17 @@ class HiddenCache:
         of ``HeadConfig.fuse_layers``), and the last layer's after the final norm."""
         if not self.enabled:
             return target_hidden(self.target, ids, self.layers)
+        D = self.target.hidden_size
         todo = [i for i, k in enumerate(keys) if k not in self.store]
-        if todo:
+        if todo:  # the last layer's states, with the layers' from the same call
             width = max(lengths[i] for i in todo)
-            pre, _ = target_hidden(self.target, ids[todo, :width])
+            pre, _ = target_hidden(self.target, ids[todo, :width], self.layers)
             for j, i in enumerate(todo):
-                self._keep(self.store, keys[i], pre[j, : lengths[i]])
+                self._keep(self.store, keys[i], pre[j, : lengths[i], :D])
+                for n, layer in enumerate(self.layers, 1):
+                    self._keep(self.layer_stores[layer], keys[i], pre[j, : lengths[i], n * D: (n + 1) * D])
             self.dirty = True
+            self.layers_dirty = self.layers_dirty or bool(self.layers)
         todo = [i for i, k in enumerate(keys) if any(k not in s for s in self.layer_stores.values())]
         if todo:  # only the layers up to the deepest asked run
             width = max(lengths[i] for i in todo)
@@ -137,7 +141,6 @@ class HiddenCache:
                     self._keep(self.layer_stores[layer], keys[i], state[j, : lengths[i]])
             self.layers_dirty = True
         B, T = ids.shape
-        D = self.target.hidden_size
         pre = torch.zeros(B, T, D * (1 + len(self.layers)), dtype=self.target.dtype, device=ids.device)
         for i, k in enumerate(keys):
             pre[i, : lengths[i], :D] = self.store[k].to(ids.device, self.target.dtype)
