@@ -183,12 +183,6 @@ def others_cpu_load(window_s: float = 0.15) -> float | None:
     return others_load(start, load_snapshot())
 
 
-def medians_ms(fns, repeats: int) -> list[float]:
-    """Median wall time in ms of each of ``fns`` over ``repeats`` interleaved calls
-    (:func:`interleaved_ms`)."""
-    return [statistics.median(x) for x in interleaved_ms(fns, repeats)]
-
-
 def pool_size(tree: TreeConfig, depth: int) -> int:
     """Most drafted nodes a dynamic tree can hold: ``branching`` children of the root, then
     ``branching`` children of each of the ``branching`` frontier nodes per further depth."""
@@ -228,25 +222,30 @@ def prefilled_rows(target, prefix_len: int, batch_size: int = 1, extra: int = 0)
     return ids, cache, out
 
 
-def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
+def time_forward(target, sizes, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1,
+                 quiet: bool = False) -> list[float]:
     """Median wall time (ms) of one target forward over n new tokens on top of a KV cache
     of ``prefix_len`` tokens, for each n in ``sizes`` (n tokens as a chain, with the tree
     attention mask, as verification runs them). Shows how the cost grows with the
     tokens processed at once: nearly flat on a GPU, rising on a CPU. With ``batch_size``
     B, of one batched forward where each of B rows verifies n tokens (``clover.engine``'s
-    batched step)."""
+    batched step). With ``quiet``, the fastest of the ``repeats`` calls instead of the
+    median: load only ever adds time, so on a busy machine the fastest call is the
+    nearest to the machine's own cost (what :func:`auto_tree` decides on too)."""
     prefix_len = max(1, min(prefix_len, target.max_context - max(sizes)))  # fit any context
     with torch.inference_mode():
         ids, cache, _ = prefilled_rows(target, prefix_len, batch_size, extra=max(sizes))
         chains = [Tree(ids[0, prefix_len: prefix_len + n], list(range(-1, n - 1)), list(range(n)),
                        [1.0] * n) for n in sizes]
-        return medians_ms([verify_once(target, cache, prefix_len, c, batch_size) for c in chains], repeats)
+        times = interleaved_ms([verify_once(target, cache, prefix_len, c, batch_size) for c in chains], repeats)
+    return [min(t) if quiet else statistics.median(t) for t in times]
 
 
-def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 3, batch_size: int = 1) -> list[float]:
+def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 5, batch_size: int = 1) -> list[float]:
     """This machine's verify cost curve: ms of one target forward over 1, 2, ..., ``n``
-    tokens (per row, for ``batch_size`` rows) on top of ``prefix_len`` cached ones
-    (:func:`time_forward`), made non-decreasing (timing noise aside, more tokens never
+    tokens (per row, for ``batch_size`` rows) on top of ``prefix_len`` cached ones, each
+    the fastest of ``repeats`` interleaved calls (:func:`time_forward` with ``quiet``, so
+    that a busy spell does not steepen the curve and cut lookup chains), made non-decreasing (timing noise aside, more tokens never
     cost less). Measured once per target, size and batch size by its
     :class:`Calibrator`, then kept in memory.
 
@@ -592,13 +591,13 @@ class Calibrator:
         return min(times) if times else None
 
     def verify_costs(self, n: int, batch_size: int = 1, prefix_len: int = 256,
-                     repeats: int = 3) -> list[float]:
+                     repeats: int = 5) -> list[float]:
         """The verify cost curve for 1..``n`` tokens (:func:`verify_costs`), measured on
         the first call for this ``n`` and batch size, then held."""
         with self.lock:
             if (n, batch_size) not in self._costs:
                 ms = time_forward(self.target, list(range(1, n + 1)), prefix_len=prefix_len,
-                                  repeats=repeats, batch_size=batch_size)
+                                  repeats=repeats, batch_size=batch_size, quiet=True)
                 self._costs[n, batch_size] = [max(ms[: i + 1]) for i in range(n)]
             return list(self._costs[n, batch_size])
 

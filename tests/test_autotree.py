@@ -75,6 +75,20 @@ def test_time_forward_times_each_size():
     assert len(ms) == 3 and all(m > 0 for m in ms)
 
 
+def test_verify_cost_curve_takes_the_quiet_floor_of_each_size(monkeypatch):
+    """A slow spell in the middle of the timing (another tenant of a shared CPU) must not
+    steepen the verify cost curve that sizes lookup chains: each size keeps its fastest
+    call, while plain ``time_forward`` reports medians."""
+    import clover.autotree as at
+
+    spells = [[30.0, 95.0, 31.0, 90.0, 32.0], [40.0, 210.0, 41.0, 200.0, 42.0]]
+    monkeypatch.setattr(at, "interleaved_ms", lambda fns, repeats: [list(t) for t in spells])
+    target = tiny_target("llama")
+    assert time_forward(target, [1, 2], prefix_len=8) == [32.0, 42.0]
+    assert time_forward(target, [1, 2], prefix_len=8, quiet=True) == [30.0, 40.0]
+    assert at.calibrator_for(target).verify_costs(2) == [30.0, 40.0]
+
+
 def _scripted_time(plain_ms, other_ms):
     """A stand-in for autotree.interleaved_ms: the first function (the plain step) costs
     ``plain_ms``, every later one (drafting, verification) ``other_ms``."""
