@@ -14,7 +14,8 @@
 #
 # The data is the v3 heads' (data/selfdistill-v2 plus the Magpie answers, 2.94M training
 # answer tokens). The machine this runs on is often new when work resumes, and a cache
-# lost with it takes its runs along, so the queue first *continues the shipped heads*
+# lost with it takes its runs along, so (after the lever A/Bs below, where their base run
+# is still on the machine) the queue *continues the shipped heads*
 # (clover train --init-heads assets/heads/<kind>): each pass adds CONTINUE_STEPS steps to
 # what is committed, and heads that beat the shipped ones get committed, so compute adds
 # up across machines (training.json's "continued_from" nests the lineage). Medusa gets
@@ -59,6 +60,39 @@ run() {  # name, then clover train options
   clover train "${COMMON[@]}" "$@" --out "$RUNS/$name"  # later options win
 }
 
+# Levers, one A/B each at equal compute, measured on the v5 heads (sha256 21911d00, the
+# run continue-clover-c7541ca7; docs/training.md): the v5 heads continued 1,000 steps with
+# and without the lever (the same seed, batches and positions), both scored on the
+# yardstick. On a machine without that run (the cache is lost with a new machine) they
+# are skipped: their results are in docs/training.md. Argmax-sharpened loss: a hard
+# cross-entropy on the target's greedy token beside the soft one (--argmax-weight).
+L=21911d00
+LEVER_FROM="$RUNS/continue-clover-c7541ca7"
+if [ -f "$LEVER_FROM/model.safetensors" ]; then
+LEVER=(--preset smollm2-clover --init-heads "$LEVER_FROM" --steps 1000 --positions 64 --lr 5e-4
+       --eval-every 250)
+run "lever-base-$L" "${LEVER[@]}"
+run "lever-argmax-$L" "${LEVER[@]}" --argmax-weight 0.5
+# Task mix: the task kinds where the heads are weakest on Spec-Bench (translation,
+# summarisation, RAG, math reasoning; the project's templated prompts, 215 each) drawn 4x
+# as often as the rest (--category-weights): about a quarter of the conversations instead
+# of a thirteenth.
+MIX=translation=4,summarization=4,rag=4,math_reasoning=4
+run "lever-taskmix-$L" "${LEVER[@]}" --category-weights "$MIX"
+EVAL="$CACHE/yardstick-levers-$L.json"  # the argmax and task-mix A/Bs
+[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$L" \
+  "$RUNS/lever-argmax-$L" "$RUNS/lever-taskmix-$L" --threads "$THREADS" --json "$EVAL"
+# Multi-layer features (EAGLE-3, arXiv 2503.01840): the Augmenting Block also reads the
+# output of the target's middle layer (15 of 30) through a projection that starts at zero
+# (--fuse-layers). Its first run computes that layer's states for all the data once
+# (layers 0..15 only, about half the last layer's 2.8 hours; saved every ten minutes
+# beside the hidden cache, so it resumes), then trains like the other levers.
+run "lever-fuse-$L" "${LEVER[@]}" --fuse-layers 15
+EVAL="$CACHE/yardstick-fuse-$L.json"
+[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$L" \
+  "$RUNS/lever-fuse-$L" --threads "$THREADS" --json "$EVAL"
+fi
+
 CONTINUE_STEPS="${CONTINUE_STEPS:-3000}"
 stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
 CLOVER_RUN="continue-clover-$(stamp clover)"
@@ -69,34 +103,6 @@ run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CO
 EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py assets/heads/clover assets/heads/medusa \
   "$RUNS/$CLOVER_RUN" "$RUNS/$MEDUSA_RUN" --threads "$THREADS" --json "$EVAL"
-
-# Levers, one A/B each at equal compute: the shipped Clover heads continued 1,000 steps
-# with and without the lever (the same seed, batches and positions), both scored on the
-# yardstick. Argmax-sharpened loss: a hard cross-entropy on the target's greedy token
-# beside the soft one (--argmax-weight).
-LEVER=(--preset smollm2-clover --init-heads assets/heads/clover --steps 1000 --positions 64 --lr 5e-4
-       --eval-every 250)
-run "lever-base-$(stamp clover)" "${LEVER[@]}"
-run "lever-argmax-$(stamp clover)" "${LEVER[@]}" --argmax-weight 0.5
-# Task mix: the task kinds where the heads are weakest on Spec-Bench (translation,
-# summarisation, RAG, math reasoning; the project's templated prompts, 215 each) drawn 4x
-# as often as the rest (--category-weights): about a quarter of the conversations instead
-# of a thirteenth.
-MIX=translation=4,summarization=4,rag=4,math_reasoning=4
-run "lever-taskmix-$(stamp clover)" "${LEVER[@]}" --category-weights "$MIX"
-EVAL="$CACHE/yardstick-loss-mix-$(stamp clover).json"  # the argmax and task-mix A/Bs
-[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
-  "$RUNS/lever-argmax-$(stamp clover)" "$RUNS/lever-taskmix-$(stamp clover)" \
-  --threads "$THREADS" --json "$EVAL"
-# Multi-layer features (EAGLE-3, arXiv 2503.01840): the Augmenting Block also reads the
-# output of the target's middle layer (15 of 30) through a projection that starts at zero
-# (--fuse-layers). Its first run computes that layer's states for all the data once
-# (layers 0..15 only, about half the last layer's 2.8 hours; saved every ten minutes
-# beside the hidden cache, so it resumes), then trains like the other levers.
-run "lever-fuse-$(stamp clover)" "${LEVER[@]}" --fuse-layers 15
-EVAL="$CACHE/yardstick-fuse-$(stamp clover).json"
-[ -f "$EVAL" ] || python scripts/heads_eval.py "$RUNS/lever-base-$(stamp clover)" \
-  "$RUNS/lever-fuse-$(stamp clover)" --threads "$THREADS" --json "$EVAL"
 
 # More compute on the same data before the curve: each round continues the last round's
 # heads (not the shipped ones) CONTINUE_STEPS further, Medusa at exactly Clover's steps;
