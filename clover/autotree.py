@@ -6,7 +6,9 @@ Expected speed of a tree budget N (drafted nodes) is
 
 * verify_s(N): one target forward over N + 1 tree nodes on top of a KV cache, timed
   here (the cost curve: nearly flat on a GPU, rising early on a CPU);
-* draft_s(N): the heads' drafting time for that budget, timed here;
+* draft_s(N): the heads' time per step for that budget, timed here as the engine spends
+  it: refreshing their state over the positions the last step verified, then drafting,
+  right after a target forward;
 * tau(N): tokens per step the heads achieve with that budget. The dynamic tree keeps the
   N best nodes by joint draft probability from a pool that does not depend on N, so one
   large tree per position gives the tree of every smaller budget. On calibration text
@@ -37,7 +39,7 @@ import torch
 
 from clover.cache import crop_cache, new_cache
 from clover.engine import Engine, verify_inputs
-from clover.heads.drafter import draft_rows
+from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
 from clover.tree import Tree, TreeConfig, best_by_joint, root_only
 
@@ -341,23 +343,35 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             return verify_once(target, cache, prefix_len, tree, batch_size)
 
         root = int(ids[0, -1])
-        drafts, verifies, nodes = [], [], []
-        for b in budgets:
-            def draft(drafters=drafters_for(replace(big, budget=b))):
+        steps, nodes = [], []
+        for b, t in zip(budgets, tau):
+            # A step's drafting as the engine runs it: the drafters first observe the
+            # positions the last step verified (about tau of them: the heads' state
+            # refresh, Clover's Augmenting Block over the new positions, Clover-2's
+            # context block), then draft. Each call moves the drafters' state on by m
+            # positions of the prefix's states; a few dozen positions more do not change
+            # the cost.
+            m = min(max(1, round(t)), prefix_len)
+
+            def draft(drafters=drafters_for(replace(big, budget=b)), m=m):
+                observe_rows(drafters, [h[-m:] for h in out.hidden_pre], [h[-m:] for h in out.hidden_post],
+                             [ids[0, prefix_len - m: prefix_len].tolist()] * batch_size)
                 return draft_rows(drafters, [root] * batch_size, [depth] * batch_size)[0]
 
             tree = draft()
             nodes.append(len(tree) - 1)
-            drafts.append(draft)
-            verifies.append(verify(tree))
-        # the plain step first, then every budget's drafting and verification, interleaved
+            steps += [draft, verify(tree)]
+        # the plain step first, then each budget's drafting and its verification, in
+        # turn: every drafting call follows a target forward, as in the engine, so the
+        # heads' weights are timed as they are read there (out of the caches the target's
+        # weights have just swept), not warm from the previous budget's drafting
         before = load_snapshot()
-        times = interleaved_ms([verify(root_only(root, target.device))] + drafts + verifies, repeats)
+        times = interleaved_ms([verify(root_only(root, target.device))] + steps, repeats)
         others = others_load(before, load_snapshot())
     # each call's quiet floor (its fastest repeat) decides: load only ever adds time, so
     # the floors are the nearest to the idle machine's costs
     floors = [min(t) for t in times]
-    plain_ms, draft_ms, verify_ms = floors[0], floors[1: 1 + len(budgets)], floors[1 + len(budgets):]
+    plain_ms, draft_ms, verify_ms = floors[0], floors[1::2], floors[2::2]
     spread = statistics.median(times[0]) / plain_ms if plain_ms > 0 else 1.0
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = max(range(len(budgets)), key=lambda i: speed[i])
