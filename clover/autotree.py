@@ -65,6 +65,9 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # make speculation a loss (two interleaved calibrations on this 2-core CPU differ by up to
 # 3% in their expected speedup).
 MIN_GAIN = 1.05
+# How auto_tree times a budget, part of every stored choice's key: a choice measured
+# another way is measured again (2: drafting timed with the state refresh, after a forward)
+TIMING = 2
 
 
 # A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
@@ -396,7 +399,8 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str:
     """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
     a hash of the heads' weights, the base tree, the torch thread count, the processor,
-    the versions of torch, transformers and this library, and the batch size (named only
+    the versions of torch, transformers and this library, how budgets are timed
+    (:data:`TIMING`), and the batch size (named only
     above 1, so keys stored before batching stay valid)."""
     import hashlib
     import platform
@@ -426,7 +430,8 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
-                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False))]
+                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False)),
+                     f"timing={TIMING}"]
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))
 
 
