@@ -293,3 +293,31 @@ def test_augment_at_equals_the_full_block(arch):
     assert fast_grads.keys() == full_grads.keys() and full_grads
     for name in full_grads:  # sums over positions in another order: fp32 rounding, by the CPU's kernels
         torch.testing.assert_close(fast_grads[name], full_grads[name], atol=5e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_the_drafters_block_run_equals_the_transformers_forward(arch):
+    """Drafting runs the Augmenting Block over the one to three positions each step adds
+    without the transformers model's wrapper (Llama/Qwen2 layers; other blocks take the
+    model's forward); its outputs and cache must be the model's, step after step."""
+    from transformers import DynamicCache
+
+    from clover.heads.clover import lean_block, run_augmenting_block
+
+    target = tiny_target(arch)
+    heads = perturb(new_heads("clover", target, num_heads=2), scale=0.2).float().eval()
+    assert lean_block(heads.augment) == (arch != "gpt2")
+    pre = torch.randn(2, 24, target.hidden_size, generator=torch.Generator().manual_seed(3))
+    lean, full = DynamicCache(config=heads.augment.config), DynamicCache(config=heads.augment.config)
+    start = 0
+    with torch.inference_mode():
+        for t in (9, 1, 2, 3, 1, 4):  # a prefill, then decoding steps
+            got = run_augmenting_block(heads.augment, pre[:, start: start + t], lean, start)
+            with torch.enable_grad():  # the model's own forward (the lean run is inference only)
+                want = run_augmenting_block(heads.augment, pre[:, start: start + t], full, start)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            start += t
+    assert lean.get_seq_length() == full.get_seq_length() == start
+    for a, b in zip(lean.layers, full.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)

@@ -93,10 +93,61 @@ def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: i
     Returns:
         (B, T, D) the last layer's output.
     """
+    if cache is not None and not torch.is_grad_enabled() and lean_block(block):
+        return run_lean_block(block, hidden, cache, start)
     b, t, _ = hidden.shape
     pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
     out = block(inputs_embeds=hidden, position_ids=pos, cache=cache, use_cache=cache is not None)
     return out.last_hidden_state
+
+
+def lean_block(block: nn.Module) -> bool:
+    """Whether :func:`run_lean_block` can run this Augmenting Block: every layer a
+    Llama/Qwen2 one (pre-norm RoPE attention, then the MLP) attending to every cached
+    position (no sliding window)."""
+    if getattr(block, "rotary_emb", None) is None:
+        return False
+    return all(type(layer).__name__ in _PARTIAL_LAYERS
+               and getattr(layer.self_attn, "sliding_window", None) is None
+               for layer in decoder_layers(block))
+
+
+def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
+    """:func:`run_augmenting_block` over new positions on top of the block's cache, the
+    same layers' arithmetic without the transformers model's wrapper around them (its
+    mask and output bookkeeping cost about as much as the layer itself for the one to
+    three positions a decoding step adds: 1.9 -> 1.2 ms per step for SmolLM2-135M's
+    block on the development VM, the outputs equal). Inference only; the block must pass
+    :func:`lean_block`.
+
+    Args:
+        hidden: (B, T, D) the block's input at positions ``start .. start + T - 1``.
+        cache: the block's DynamicCache, holding ``start`` positions per row.
+    Returns:
+        (B, T, D) the last layer's output.
+    """
+    b, t, _ = hidden.shape
+    pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
+    cos, sin = block.rotary_emb(hidden, pos)  # (B, T, hd)
+    cos, sin = cos[:, None], sin[:, None]
+    mask = None  # one new position attends to everything cached
+    if t > 1:  # new position i attends to the cache and new positions 0..i
+        keys = torch.arange(start + t, device=hidden.device)
+        mask = keys[None, :] <= keys[start:, None]  # (T, start + T) bool, True = attend
+    h = hidden
+    for i, layer in enumerate(decoder_layers(block)):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q, k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2)  # (B, heads, T, hd)
+                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k, v = cache.update(k, v, i)  # (B, KVH, start + T, hd)
+        o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+                                                       enable_gqa=True)
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return h
 
 
 def run_augmenting_rows(block: nn.Module, hidden: list[torch.Tensor], caches: list,
