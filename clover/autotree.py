@@ -332,7 +332,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     tau = [statistics.fmean(lengths[b]) for b in budgets]
 
     # cost curve on this hardware
-    prefix_len = max(1, min(prefix_len, target.max_context - depth - 2))
+    # every timed drafting call moves the heads' state on by up to depth + 1 positions
+    # (tau at most): room for all of them, and the deepest tree, in the model's context
+    prefix_len = max(1, min(prefix_len, target.max_context - depth - 2 - (repeats + 2) * (depth + 1)))
     with torch.inference_mode():
         ids, cache, out = prefilled_rows(target, prefix_len, batch_size)
 
