@@ -357,10 +357,11 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
             # positions of the prefix's states; a few dozen positions more do not change
             # the cost.
             m = min(max(1, round(t)), prefix_len)
+            seen = ([h[-m:] for h in out.hidden_pre], [h[-m:] for h in out.hidden_post],
+                    [ids[0, prefix_len - m: prefix_len].tolist()] * batch_size)  # outside the timing
 
-            def draft(drafters=drafters_for(replace(big, budget=b)), m=m):
-                observe_rows(drafters, [h[-m:] for h in out.hidden_pre], [h[-m:] for h in out.hidden_post],
-                             [ids[0, prefix_len - m: prefix_len].tolist()] * batch_size)
+            def draft(drafters=drafters_for(replace(big, budget=b)), seen=seen):
+                observe_rows(drafters, *seen)
                 return draft_rows(drafters, [root] * batch_size, [depth] * batch_size)[0]
 
             tree = draft()
@@ -402,8 +403,7 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
     a hash of the heads' weights, the base tree, the torch thread count, the processor,
     the versions of torch, transformers and this library, how budgets are timed
-    (:data:`TIMING`), and the batch size (named only
-    above 1, so keys stored before batching stay valid)."""
+    (:data:`TIMING`), and the batch size (named only above 1)."""
     import hashlib
     import platform
     from importlib.metadata import PackageNotFoundError, version

@@ -119,6 +119,37 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     assert parse_tree_spec("off").off and parse_tree_spec("off").describe().startswith("speculation off")
 
 
+def test_auto_tree_times_each_budgets_drafting_with_its_state_refresh(monkeypatch):
+    """Each budget's drafting is timed as a step of the engine spends it: the heads first
+    observe the positions a step verified (Clover's Augmenting Block runs over them), then
+    draft, each drafting call right after a target forward: the calls run as plain,
+    draft 1, verify 1, draft 2, verify 2, ... and the report reads them so."""
+    import clover.autotree as at
+    import clover.heads.clover as ch
+    from clover import new_heads
+    from conftest import tiny_target
+
+    target = tiny_target("llama", vocab_size=64)
+    heads = new_heads("clover", target, num_heads=2)
+    observed = []
+    block_run = ch.run_augmenting_block
+    monkeypatch.setattr(ch, "run_augmenting_block",
+                        lambda block, h, cache, start: observed.append(h.shape[1]) or block_run(block, h, cache, start))
+    order = []
+
+    def fake(fns, repeats):  # call i costs i ms; record which budget's calls draft
+        for fn in fns[1:]:
+            before = len(observed)
+            fn()
+            order.append(len(observed) > before)
+        return [[float(i)] * repeats for i in range(len(fns))]
+    monkeypatch.setattr(at, "interleaved_ms", fake)
+    tree, report = at.auto_tree(target, heads, budgets=(1, 2, 4), tokens=8, repeats=1, prefix_len=16)
+    assert order == [True, False] * 3  # each drafting call refreshes the heads' state; verifying does not
+    assert report.plain_ms == 0.0 and report.draft_ms == [1.0, 3.0, 5.0] and report.verify_ms == [2.0, 4.0, 6.0]
+    assert all(1 <= m <= 3 for m in observed[-3:])  # about tau positions per step
+
+
 def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
     """The tree is sized for a batch: a batched step's costs (rows drafted together, one
     forward over B trees), stored under its own key; batch size 1 keeps the old key."""

@@ -295,29 +295,37 @@ def test_augment_at_equals_the_full_block(arch):
         torch.testing.assert_close(fast_grads[name], full_grads[name], atol=5e-5, rtol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_the_drafters_block_run_equals_the_transformers_forward(arch):
+@pytest.mark.parametrize("arch,kind", [("llama", "clover"), ("qwen2", "clover"), ("llama", "clover2"),
+                                       ("gpt2", "clover")])
+def test_the_drafters_block_run_equals_the_transformers_forward(arch, kind, monkeypatch):
     """Drafting runs the Augmenting Block over the one to three positions each step adds
     without the transformers model's wrapper (Llama/Qwen2 layers; other blocks take the
-    model's forward); its outputs and cache must be the model's, step after step."""
+    model's forward); its outputs and cache must be the model's, step after step, for one
+    layer (Clover) and two (Clover-2's block, cache layers 0 and 1)."""
     from transformers import DynamicCache
 
-    from clover.heads.clover import lean_block, run_augmenting_block
+    import clover.heads.clover as ch
 
     target = tiny_target(arch)
-    heads = perturb(new_heads("clover", target, num_heads=2), scale=0.2).float().eval()
-    assert lean_block(heads.augment) == (arch != "gpt2")
+    heads = perturb(new_heads(kind, target, num_heads=2), scale=0.2).float().eval()
+    block = heads.augment
+    assert ch.lean_block(block) == (arch != "gpt2")
+    lean_calls, lean_run = [], ch.run_lean_block
+    monkeypatch.setattr(ch, "run_lean_block", lambda *a: lean_calls.append(1) or lean_run(*a))
     pre = torch.randn(2, 24, target.hidden_size, generator=torch.Generator().manual_seed(3))
-    lean, full = DynamicCache(config=heads.augment.config), DynamicCache(config=heads.augment.config)
+    lean, full = DynamicCache(config=block.config), DynamicCache(config=block.config)
     start = 0
     with torch.inference_mode():
         for t in (9, 1, 2, 3, 1, 4):  # a prefill, then decoding steps
-            got = run_augmenting_block(heads.augment, pre[:, start: start + t], lean, start)
-            with torch.enable_grad():  # the model's own forward (the lean run is inference only)
-                want = run_augmenting_block(heads.augment, pre[:, start: start + t], full, start)
+            got = ch.run_augmenting_block(block, pre[:, start: start + t], lean, start)
+            pos = torch.arange(start, start + t).unsqueeze(0).expand(2, -1)
+            want = block(inputs_embeds=pre[:, start: start + t], position_ids=pos, cache=full,
+                         use_cache=True).last_hidden_state  # the model's own forward
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
             start += t
+    assert len(lean_calls) == (6 if arch != "gpt2" else 0)  # the lean run is what was compared
     assert lean.get_seq_length() == full.get_seq_length() == start
+    assert len(lean.layers) == len(full.layers) == block.config.num_hidden_layers
     for a, b in zip(lean.layers, full.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)

@@ -7,7 +7,9 @@ Three parts on top of Medusa-style heads:
   initialised from the target's last layer, with its own KV cache. Its output h_0 at the
   last verified position feeds the heads. It is built as a one-layer base model of the
   target's class (embedding of size 1, final norm removed) so that the stock
-  transformers code handles rotary embeddings, masks and the cache.
+  transformers code handles rotary embeddings, masks and the cache; while drafting,
+  Llama/Qwen2 layers run the same arithmetic without the model's wrapper
+  (:func:`run_lean_block`).
 * **Regressive Connection** (§3.1): the token chosen for the previous depth (for head
   1, the root: the target's own token) enters as e = the L2-normalised row of the frozen
   lm_head weight for that token.
@@ -85,7 +87,9 @@ def block_embeddings(prefix: str, block: nn.Module) -> list[str]:
 
 
 def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
-    """Run an Augmenting Block causally over new positions.
+    """Run an Augmenting Block causally over new positions: the model's forward, or, for
+    a block in eval mode with a cache (drafting) whose layers :func:`lean_block` accepts,
+    :func:`run_lean_block` (the same outputs, SDPA attention).
 
     Args:
         hidden: (B, T, D) its input at positions ``start .. start + T - 1``.
@@ -93,7 +97,7 @@ def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: i
     Returns:
         (B, T, D) the last layer's output.
     """
-    if cache is not None and not torch.is_grad_enabled() and lean_block(block):
+    if cache is not None and not block.training and lean_block(block):
         return run_lean_block(block, hidden, cache, start)
     b, t, _ = hidden.shape
     pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
@@ -117,8 +121,8 @@ def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) ->
     same layers' arithmetic without the transformers model's wrapper around them (its
     mask and output bookkeeping cost about as much as the layer itself for the one to
     three positions a decoding step adds: 1.9 -> 1.2 ms per step for SmolLM2-135M's
-    block on the development VM, the outputs equal). Inference only; the block must pass
-    :func:`lean_block`.
+    block on the development VM, the outputs equal). For a block in eval mode (no
+    attention dropout) that passes :func:`lean_block`.
 
     Args:
         hidden: (B, T, D) the block's input at positions ``start .. start + T - 1``.
