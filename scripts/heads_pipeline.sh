@@ -95,10 +95,14 @@ fi
 
 CONTINUE_STEPS="${CONTINUE_STEPS:-3000}"
 stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
-CLOVER_RUN="continue-clover-$(stamp clover)"
+# Clover continues with the multi-layer features, the one lever that moved every task
+# (the A/B above, docs/training.md: +0.5 Spec-Bench points in 1,000 steps, +0.3 ms a
+# step): heads without them get the zero-started projection, heads with them keep theirs.
+CLOVER_RUN="continue-clover-fuse15-$(stamp clover)"
 MEDUSA_RUN="continue-medusa-$(stamp medusa)"
 CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr 5e-4 --eval-every 500)
-run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${CONT[@]}"
+FUSE=(--fuse-layers 15)
+run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${FUSE[@]}" "${CONT[@]}"
 run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CONT[@]}"
 EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py assets/heads/clover assets/heads/medusa \
@@ -109,7 +113,7 @@ EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
 # the rounds' held-out evaluations (training.json) say when to commit them.
 prev_c="$RUNS/$CLOVER_RUN" prev_m="$RUNS/$MEDUSA_RUN"
 for round in $(seq 2 "${ROUNDS:-4}"); do
-  run "$CLOVER_RUN-r$round" --preset smollm2-clover --init-heads "$prev_c" "${CONT[@]}"
+  run "$CLOVER_RUN-r$round" --preset smollm2-clover --init-heads "$prev_c" "${FUSE[@]}" "${CONT[@]}"
   run "$MEDUSA_RUN-r$round" --preset smollm2-medusa --init-heads "$prev_m" "${CONT[@]}"
   prev_c="$RUNS/$CLOVER_RUN-r$round" prev_m="$RUNS/$MEDUSA_RUN-r$round"
 done
