@@ -251,8 +251,8 @@ def verify_costs(target, n: int, prefix_len: int = 256, repeats: int = 5, batch_
     tokens (per row, for ``batch_size`` rows) on top of ``prefix_len`` cached ones, each
     the fastest of ``repeats`` interleaved calls (:func:`time_forward` with ``quiet``, so
     that a busy spell does not steepen the curve and cut lookup chains), made
-    non-decreasing (timing noise aside, more tokens never cost less). Measured once per target, size and batch size by its
-    :class:`Calibrator`, then kept in memory.
+    non-decreasing (timing noise aside, more tokens never cost less). Measured once per
+    target, size and batch size by its :class:`Calibrator`, then kept in memory.
 
     Returns:
         a list of ``n`` times in ms.
