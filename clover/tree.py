@@ -115,6 +115,16 @@ class TreeConfig:
             raise ValueError(f"tree max_depth must be in [1, {MAX_TREE_DEPTH}], got {self.max_depth}")
 
     @property
+    def deepest(self) -> int:
+        """The most levels this tree can ever draft (0 when off): a static tree's longest
+        path, a dynamic tree's budget (all of it one chain), each capped by ``max_depth``.
+        Lets drafters that compute every level at once (Medusa) skip the unreachable ones."""
+        if self.off:
+            return 0
+        levels = max(len(p) for p in self.paths) if self.kind == "static" else self.budget
+        return levels if self.max_depth is None else min(levels, self.max_depth)
+
+    @property
     def off(self) -> bool:
         """True when nothing is drafted (plain decoding)."""
         return self.kind == "off"

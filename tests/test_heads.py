@@ -265,6 +265,33 @@ def test_heads_for_names_where_heads_came_from(tmp_path):
             heads_for(wrong, target)
 
 
+@pytest.mark.parametrize("spec", ["dynamic:budget=1", "dynamic:budget=2,branching=2", "dynamic:budget=10", "chain3"])
+def test_medusa_drafts_with_the_heads_its_tree_can_reach(spec, monkeypatch):
+    """A Medusa tree only as deep as k levels runs heads 1..k, and is the tree all K give."""
+    from clover.heads.medusa import MedusaDrafter
+    from clover.tree import parse_tree_spec
+
+    target = tiny_target("llama")
+    heads = perturb(new_heads("medusa", target, num_heads=4), scale=0.5)
+    h = torch.randn(3, target.config.hidden_size)
+    assert torch.allclose(heads(h, target, 2), heads(h, target)[:, :2], atol=1e-6)
+    with pytest.raises(ValueError, match="num_heads"):
+        heads(h, target, 5)
+    tree = parse_tree_spec(spec)
+    drafter = heads.drafter(target, tree)
+    drafter.observe(h, h, [1, 2, 3])
+    ran = []
+    real = type(heads).forward
+    monkeypatch.setattr(type(heads), "forward", lambda self, x, t, k=None: ran.append(k) or real(self, x, t, k))
+    got = drafter.draft(5, 8)
+    assert ran == [min(4, tree.deepest)]
+    monkeypatch.setattr(type(heads), "forward", real)
+    probs = torch.softmax(heads(h[-1:], target).float(), dim=-1)[0]  # all K heads
+    want = MedusaDrafter._grow(drafter, 5, 8, probs)
+    assert (got.tokens.tolist(), got.parents, got.depths) == (want.tokens.tolist(), want.parents, want.depths)
+
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_augment_at_equals_the_full_block(arch):
     """Training reads h_0 at sampled positions only; CloverHeads.augment_at must give the

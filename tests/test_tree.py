@@ -117,6 +117,23 @@ def test_grow_tree_depth_cap_and_root_only():
     assert max(grow_tree(1, cfg, fixed_expand(), max_depth=5).depths) == 1
 
 
+def test_deepest_bounds_every_grown_tree():
+    """``TreeConfig.deepest`` is never below the depth a tree actually reaches."""
+    assert TreeConfig(kind="off").deepest == 0
+    assert TreeConfig(kind="static", paths=STATIC_TREES["chain3"]).deepest == 3
+    assert TreeConfig(kind="static", paths=STATIC_TREES["chain3"], max_depth=2).deepest == 2
+    for budget, branching in [(1, 1), (1, 3), (2, 1), (3, 2), (10, 3)]:
+        cfg = TreeConfig(budget=budget, branching=branching, branch_p=1.0, min_ratio=0.0)
+        assert cfg.deepest == budget
+
+        def sure(depth, ids, parents, tokens):  # a certain chain: the deepest a budget goes
+            return torch.tensor([1.0] + [0.0] * 7).expand(len(ids), -1)
+
+        for expand in (fixed_expand(), sure):
+            assert max(grow_dynamic(3, cfg, expand, max_depth=16).depths) <= cfg.deepest
+        assert max(grow_dynamic(3, cfg, sure, max_depth=16).depths) == budget
+
+
 def test_parse_tree_spec():
     assert parse_tree_spec(None) == TreeConfig()
     assert parse_tree_spec("dynamic") == TreeConfig()

@@ -46,20 +46,26 @@ class MedusaHeads(DraftHeads):
                     head.weight.copy_(w if self.draft_vocab is None else w[self.draft_vocab])
         return self
 
-    def forward(self, hidden_post: torch.Tensor, target) -> torch.Tensor:
-        """Draft logits of every head.
+    def forward(self, hidden_post: torch.Tensor, target, num_heads: int | None = None) -> torch.Tensor:
+        """Draft logits of the first ``num_heads`` heads (default: all K).
 
         Args:
             hidden_post: (..., D) normed last hidden states of the target.
+            num_heads: how many heads to run, 1..K (a tree one level deep needs only head 1).
         Returns:
-            (..., K, V') logits over the draft vocabulary (V' = V without one); head k
-            (index k-1) predicts the token k positions after the token that
-            ``hidden_post`` predicts.
+            (..., k, V') logits over the draft vocabulary (V' = V without one), k =
+            ``num_heads``; head k (index k-1) predicts the token k positions after the
+            token that ``hidden_post`` predicts.
+        Raises:
+            ValueError: when ``num_heads`` is outside 1..K.
         """
-        h = torch.stack([block(hidden_post) for block in self.blocks], dim=-2)  # (..., K, D)
-        if self.lm_heads is None:  # one product over all K heads: the weights are read once
+        k = len(self.blocks) if num_heads is None else num_heads
+        if not 1 <= k <= len(self.blocks):
+            raise ValueError(f"num_heads must be in [1, {len(self.blocks)}], got {num_heads}")
+        h = torch.stack([block(hidden_post) for block in self.blocks[:k]], dim=-2)  # (..., k, D)
+        if self.lm_heads is None:  # one product over the k heads: the weights are read once
             return self.vocab_logits(h, target)
-        return torch.stack([head(h[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
+        return torch.stack([head(h[..., i, :]) for i, head in enumerate(self.lm_heads[:k])], dim=-2)
 
     def training_outputs(self, target, ids, hidden_pre, rows, cols, features=None):
         """The training forward (see :meth:`DraftHeads.training_outputs`): every head reads
@@ -93,19 +99,21 @@ class MedusaDrafter(HeadsDrafter):
         return self.last_hidden
 
     def _grow(self, root_token: int, max_depth: int, probs: torch.Tensor) -> Tree:
-        """The tree from the heads' (K, V') draft probabilities."""
+        """The tree from the heads' (k, V') draft probabilities (k: the levels it can reach)."""
         def expand(depth, node_ids, parent_ids, tokens):
             return probs[depth].expand(len(node_ids), -1)  # (n, V)
 
-        return grow_tree(root_token, self.tree, expand, min(max_depth, self.heads.config.num_heads),
+        return grow_tree(root_token, self.tree, expand, min(max_depth, len(probs)),
                          self.heads.draft_vocab)
 
     @classmethod
     def grow(cls, drafters: list["MedusaDrafter"], roots: list[int], max_depths: list[int]) -> list[Tree]:
         """The rows' trees from one heads call over their last hidden states, (B, D) ->
-        (B, K, V'), so the heads' weights (above all the vocabulary projection) are read
-        once per step, not once per row."""
+        (B, k, V'), so the heads' weights (above all the vocabulary projection) are read
+        once per step, not once per row; only the k heads the trees can reach run (at a
+        budget of 1, head 1 alone)."""
         first = drafters[0]
+        k = min(first.heads.config.num_heads, max(max_depths), first.tree.deepest)
         hidden = torch.stack([d.last_hidden for d in drafters])  # (B, D)
-        probs = torch.softmax(first.heads(hidden, first.target).float(), dim=-1)  # (B, K, V')
+        probs = torch.softmax(first.heads(hidden, first.target, k).float(), dim=-1)  # (B, k, V')
         return [d._grow(r, m, p) for d, r, m, p in zip(drafters, roots, max_depths, probs)]
