@@ -7,7 +7,7 @@ app, benchmark, notebooks. Importing this package does no work and needs no Grad
 from clover.acceptance import SamplingConfig
 from clover.assets import assets_dir
 from clover.engine import Engine
-from clover.autotree import resolve_tree
+from clover.autotree import resolve_tree, verify_widths
 from clover.heads import HeadConfig, heads_for, load_heads, new_heads
 from clover.lookup import LookupConfig
 from clover.methods import ALL_METHODS, split_method
@@ -21,7 +21,7 @@ __all__ = ["Engine", "engine_for", "ALL_METHODS", "LookupConfig", "SamplingConfi
 
 
 def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
-               lookup=None, *, recalibrate: bool = False, batch_size: int = 1):
+               lookup=None, *, recalibrate: bool = False, batch_size: int = 1, pad_verify: bool = False):
     """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
     :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
     target, else fresh ones) and the tree setting resolved for this machine by
@@ -34,6 +34,9 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
         lookup: the ``LookupConfig`` when the method uses lookup (default ``LookupConfig()``).
         recalibrate: measure the auto tree again even where one is stored.
         batch_size: size an "auto" tree for batches of this many rows.
+        pad_verify: pad each one-row step's verification to the width this machine runs
+            fastest (:func:`clover.autotree.verify_widths`, measured once per target:
+            seconds on a CPU); the text is unchanged.
     Raises:
         ValueError: unknown method, heads that do not fit.
     """
@@ -41,4 +44,7 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
     heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
     tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
                                 recalibrate=recalibrate, batch_size=batch_size)
-    return Engine(target, heads, tree, lookup)
+    engine = Engine(target, heads, tree, lookup)
+    if pad_verify:  # the plan covers the most tokens this engine's steps verify
+        engine = Engine(target, heads, tree, lookup, verify_widths(target, engine.max_step_tokens))
+    return engine

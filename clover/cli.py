@@ -202,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None)
     b.add_argument("--out", required=True, help="folder for results.json, results.md, charts.html")
+    for p in (g, b):
+        p.add_argument("--pad-verify", action="store_true",
+                       help="pad each step's verification to the token count this machine runs "
+                            "fastest (measured once, seconds on a CPU; e.g. 16 tokens can cost "
+                            "less than 13); the text is unchanged")
     for p in (g, d, pr, tx, t, b):
         p.add_argument("--threads", type=_positive_int, default=None,
                        help="CPU threads for torch (default: torch's choice)")
@@ -241,7 +246,7 @@ def cmd_generate(args) -> int:
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
     engine = engine_for(method, target, tree, args.heads, args.num_heads,
-                        recalibrate=args.recalibrate)
+                        recalibrate=args.recalibrate, pad_verify=args.pad_verify)
     heads = engine.heads
     result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
     summary = result.summary()
@@ -453,7 +458,8 @@ def cmd_bench(args) -> int:
                 engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
             else:
                 engines[m] = engine_for(m, target, tree, heads_dirs.get(kind), batch_size=batch_size,
-                                        recalibrate=args.recalibrate and kind not in sized)
+                                        recalibrate=args.recalibrate and kind not in sized,
+                                        pad_verify=args.pad_verify)
                 sized.add(kind)
         return {m: engines[m] for m in cfg.methods}
 
@@ -472,6 +478,8 @@ def cmd_bench(args) -> int:
                                                     if e.heads is not None},
                                     "lookup": {m: asdict(e.lookup) for m, e in engines.items()
                                                if e.lookup is not None},
+                                    "verify_widths": {m: list(e.verify_widths) for m, e in engines.items()
+                                                      if getattr(e, "verify_widths", None)},
                                     "heads": {m: heads_dirs.get(split_method(m)[0]) or "default"
                                               for m in cfg.methods
                                               if m not in (HF_LOOKUP, HF_GENERATE) and split_method(m)[0]},

@@ -101,12 +101,21 @@ class Engine:
             method "lookup"; with heads it adds a lookup branch to their tree
             ("medusa+lookup", "clover+lookup"; sized per step, see
             ``clover.lookup.HybridDrafter``).
+        verify_widths: padded verification (None: off): ``verify_widths[n - 1]`` (>= n)
+            is how many tokens a one-row step that verifies n runs the target's forward
+            over, the extra ones padding that attends only to itself (the logits, the
+            KV cache kept and so the text are unchanged). On a CPU a forward over more
+            tokens can cost less (e.g. 16 tokens less than 13); see
+            ``clover.autotree.verify_widths``, which measures the plan. Steps of more
+            tokens than the plan covers, and batched steps, are not padded.
     Raises:
-        ValueError: when the heads do not fit the target, or ``tree`` is still "auto".
+        ValueError: when the heads do not fit the target, ``tree`` is still "auto", or
+            a verify width is below its token count.
     """
 
     def __init__(self, target: TargetModel, heads: DraftHeads | None = None,
-                 tree: TreeConfig | None = None, lookup: LookupConfig | None = None):
+                 tree: TreeConfig | None = None, lookup: LookupConfig | None = None,
+                 verify_widths: Sequence[int] | None = None):
         if heads is not None:
             check_fits(heads.config, target)
             target.capture_layers(heads.config.fuse_layers)  # the features they read
@@ -118,6 +127,18 @@ class Engine:
         self.tree = tree or TreeConfig()
         self.method = method_name(heads, lookup)
         self.lookup = lookup
+        if verify_widths is not None and any(int(w) < n for n, w in enumerate(verify_widths, 1)):
+            raise ValueError(f"verify_widths[n - 1] must be >= n tokens, got {list(verify_widths)}")
+        self.verify_widths = tuple(int(w) for w in verify_widths) if verify_widths else None
+
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one step of one row can verify: the root, the heads' tree
+        budget (static: its paths) and the lookup chain (at most ``max_tokens``)."""
+        n = 1
+        if self.heads is not None and not self.tree.off:
+            n += len(self.tree.paths) if self.tree.kind == "static" else self.tree.budget
+        return n + (self.lookup.max_tokens if self.lookup is not None else 0)
 
     def drafter(self):
         """A fresh per-run drafter for this engine's method (see ``clover.heads.drafter.Drafter``)."""
@@ -356,9 +377,12 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
 
 
 def verify_inputs(trees: Sequence[Tree], lengths: Sequence[int], prefix_len: int,
-                  dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                  dtype: torch.dtype, device,
+                  width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The inputs of one verification forward over B rows' trees (batch layout: module
-    docstring).
+    docstring), padded to ``width`` nodes per row where that is more than the largest
+    tree (a padding node attends only to itself and nothing attends to it, so the trees'
+    logits are unchanged; see :meth:`Engine.verify_widths`).
 
     Args:
         trees: one candidate tree per row, N_b nodes each.
@@ -382,17 +406,18 @@ def verify_inputs(trees: Sequence[Tree], lengths: Sequence[int], prefix_len: int
         raise ValueError(f"{len(trees)} trees but {len(lengths)} row lengths")
     if any(n > prefix_len for n in lengths):
         raise ValueError(f"row lengths {list(lengths)} exceed the cache's {prefix_len} positions")
-    n = max(len(t) for t in trees)
-    if len(trees) == 1 and lengths[0] == prefix_len:  # one row has no padding: the single-prompt case
+    n = max(max(len(t) for t in trees), width or 0)
+    if len(trees) == 1 and lengths[0] == prefix_len and n == len(trees[0]):  # the single-prompt case
         tree = trees[0]
         mask = tree_mask(tree.parents, prefix_len, dtype, device) if n > 1 else None
         return tree.tokens[None].to(device), position_ids(tree.depths, prefix_len, device), mask
     tokens = [tree.tokens.tolist() for tree in trees]
     ids = torch.tensor([t + t[:1] * (n - len(t)) for t in tokens], device=device)  # (B, N)
-    positions = batch_position_ids([tree.depths for tree in trees], lengths, device)  # (B, N)
+    positions = batch_position_ids([tree.depths for tree in trees], lengths, device, width=n)  # (B, N)
     if n == 1 and all(L == prefix_len for L in lengths):
         return ids, positions, None
-    return ids, positions, batch_tree_mask([tree.parents for tree in trees], lengths, prefix_len, dtype, device)
+    return ids, positions, batch_tree_mask([tree.parents for tree in trees], lengths, prefix_len, dtype, device,
+                                           width=n)
 
 
 def prefill_inputs(prompts: Sequence[Sequence[int]], dtype: torch.dtype,
@@ -681,7 +706,9 @@ class StepLoop:
             NonFiniteLogitsError: the target's logits at a tree node hold NaN or inf.
         """
         target = self.engine.target
-        ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype, target.device)
+        n, plan = max(len(t) for t in trees), self.engine.verify_widths
+        width = plan[n - 1] if plan and len(trees) == 1 and n <= len(plan) else None
+        ids, positions, mask = verify_inputs(trees, starts, prefix, target.dtype, target.device, width)
         out = target.forward_batch(ids, positions, mask, cache)
         check_finite(out.logits, [len(t) for t in trees], f"decode step {step}")
         return out

@@ -341,11 +341,11 @@ def position_ids(depths: list[int], prefix_len: int, device) -> torch.Tensor:
 
 
 def batch_tree_mask(parents: Sequence[list[int]], lengths: Sequence[int], prefix_len: int,
-                    dtype: torch.dtype, device) -> torch.Tensor:
+                    dtype: torch.dtype, device, width: int | None = None) -> torch.Tensor:
     """:func:`tree_mask` for B rows' trees over a right-padded KV cache (batched
     decoding, ``clover.engine``): row b holds ``lengths[b]`` committed positions, cache
     columns ``[0, L_b)``, of the cache's ``prefix_len`` (P); its trees are padded to
-    N = max N_b nodes.
+    N = max N_b nodes, or to ``width`` when that is more.
 
     Returns:
         (B, 1, N, P + N) tensor of ``dtype``: 0 where row b's node i may attend (the
@@ -358,7 +358,7 @@ def batch_tree_mask(parents: Sequence[list[int]], lengths: Sequence[int], prefix
         raise ValueError(f"{len(parents)} trees but {len(lengths)} row lengths")
     if any(n > prefix_len for n in lengths):
         raise ValueError(f"row lengths {list(lengths)} exceed the cache's {prefix_len} positions")
-    b, n = len(parents), max(len(p) for p in parents)
+    b, n = len(parents), max(max(len(p) for p in parents), width or 0)
     anc = torch.eye(n, dtype=torch.bool).repeat(b, 1, 1)  # (B, N, N): padding sees itself
     for row, par in enumerate(parents):
         if len(par) > 1:
@@ -371,10 +371,12 @@ def batch_tree_mask(parents: Sequence[list[int]], lengths: Sequence[int], prefix
     return mask
 
 
-def batch_position_ids(depths: Sequence[list[int]], lengths: Sequence[int], device) -> torch.Tensor:
-    """(B, N) long position ids of B rows' trees padded to N = max N_b nodes: row b's node
-    at ``depth`` sits at ``lengths[b] + depth`` (padding nodes at ``lengths[b]``)."""
-    n = max(len(d) for d in depths)
+def batch_position_ids(depths: Sequence[list[int]], lengths: Sequence[int], device,
+                       width: int | None = None) -> torch.Tensor:
+    """(B, N) long position ids of B rows' trees padded to N = max N_b nodes (or ``width``
+    when more): row b's node at ``depth`` sits at ``lengths[b] + depth`` (padding nodes
+    at ``lengths[b]``)."""
+    n = max(max(len(d) for d in depths), width or 0)
     return torch.tensor([[L + d for d in ds] + [L] * (n - len(ds)) for L, ds in zip(lengths, depths)],
                         device=device)
 

@@ -272,3 +272,17 @@ def replace_budget(base, budget):
     from dataclasses import replace
 
     return replace(base or TreeConfig(), kind="dynamic", budget=budget, auto=False)
+
+
+def test_padded_widths_pad_only_where_a_wider_forward_is_clearly_cheaper():
+    from clover.autotree import padded_widths
+
+    # a CPU's shape: 13-15 tokens dearer than 16; 7 a little dearer than 8 (under 5%)
+    costs = [33, 34, 41, 42, 48, 56, 65, 62, 76, 88, 96, 94, 114, 116, 137, 80, 99, 96]
+    plan = padded_widths(costs, 16)
+    assert plan == (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 16, 16, 16, 16, 16, 16)
+    assert padded_widths(costs, 16, saving=0.1)[9] == 10  # 88 -> 80 saves 9%
+    assert padded_widths(costs, 16, saving=0.0)[6] == 8  # any saving at all: 7 -> 8
+    assert padded_widths(list(range(1, 9)), 8) == tuple(range(1, 9))  # rising costs: no padding
+    with pytest.raises(ValueError, match="at least 20"):
+        padded_widths(costs, 20)

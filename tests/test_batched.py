@@ -236,6 +236,12 @@ def test_verify_inputs_layout():
     assert verify_inputs([t1, t1], [5, 5], 5, torch.float32, "cpu")[2] is None
     with pytest.raises(ValueError, match="exceed"):
         verify_inputs([t1], [6], 5, torch.float32, "cpu")
+    # padded to a width: extra root tokens at the root's position, seen by nothing but themselves
+    ids, pos, mask = verify_inputs([t0], [5], 5, torch.float32, "cpu", width=6)
+    assert ids.tolist() == [[10, 11, 12, 13, 10, 10]] and pos.tolist() == [[5, 6, 6, 7, 5, 5]]
+    seen = (mask[0, 0] == 0).int()
+    assert torch.equal(seen[:4, :9], (two[2][0, 0] == 0).int()) and not seen[:4, 9:].any()
+    assert seen[4:].tolist() == [[0] * 9 + [1, 0], [0] * 10 + [1]]
     ids, pos, mask = prefill_inputs([[4, 5, 6], [7]], torch.float32, "cpu")
     assert ids.tolist() == [[4, 5, 6], [7, 0, 0]] and pos.tolist() == [[0, 1, 2], [0, 1, 2]]
     assert (mask[:, 0] == 0).int().tolist() == [[[1, 0, 0], [1, 1, 0], [1, 1, 1]],

@@ -40,6 +40,34 @@ def test_heads_greedy_parity(arch, kind):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_padded_verification_changes_nothing(arch):
+    """Steps verified with padding tokens (``verify_widths``) give the same text, accepted
+    paths and target probabilities as unpadded ones, greedy and sampled; batched steps
+    are left unpadded."""
+    from clover import engine_for
+
+    target = tiny_target(arch)
+    heads = perturb(new_heads("clover", target, num_heads=3), scale=0.2, seed=1)
+    tree = parse_tree_spec("dynamic:budget=6,branching=2")
+    base = Engine(target, heads, tree)
+    padded = Engine(target, heads, tree, verify_widths=[k + 5 for k in range(1, 8)])
+    for prompt in prompts(target.vocab_size, n=4):
+        for sampling in (None, SamplingConfig(temperature=1.0, seed=3)):
+            want, got = base.generate(prompt, 12, sampling), padded.generate(prompt, 12, sampling)
+            assert got.token_ids == want.token_ids
+            assert [s.accepted for s in got.steps] == [s.accepted for s in want.steps]
+            for a, b in zip(got.steps, want.steps):
+                assert [n.target_prob for n in a.nodes] == pytest.approx([n.target_prob for n in b.nodes], abs=1e-5)
+    rows = padded.generate_batch(prompts(target.vocab_size, n=3), 8)
+    assert [r.token_ids for r in rows] == [base.generate(p, 8).token_ids for p in prompts(target.vocab_size, n=3)]
+    with pytest.raises(ValueError, match="verify_widths"):
+        Engine(target, heads, tree, verify_widths=[1, 1])
+    measured = engine_for("clover", target, tree, pad_verify=True)
+    assert len(measured.verify_widths) == measured.max_step_tokens == 7
+    assert all(w >= k for k, w in enumerate(measured.verify_widths, 1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_multi_token_acceptance_parity(arch):
     """Trees that contain the true continuation at random ranks: long, non-chain paths
     are accepted and the KV cache is compacted by gathering; output must not change."""
