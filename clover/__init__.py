@@ -4,10 +4,12 @@ Data flows one way: prompt -> tokenizer -> :class:`~clover.engine.Engine` (draft
 verify -> accept -> cache update) -> :class:`~clover.trace.StepTrace` records -> CLI,
 app, benchmark, notebooks. Importing this package does no work and needs no Gradio.
 """
+from dataclasses import replace
+
 from clover.acceptance import SamplingConfig
 from clover.assets import assets_dir
 from clover.engine import Engine
-from clover.autotree import resolve_tree, verify_widths
+from clover.autotree import calibrator_for, resolve_tree
 from clover.heads import HeadConfig, heads_for, load_heads, new_heads
 from clover.lookup import LookupConfig
 from clover.methods import ALL_METHODS, split_method
@@ -36,7 +38,8 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
         batch_size: size an "auto" tree for batches of this many rows.
         pad_verify: pad each one-row step's verification to the width this machine runs
             fastest (:func:`clover.autotree.verify_widths`, measured once per target:
-            seconds on a CPU); the text is unchanged.
+            seconds on a CPU); the text is unchanged. A lookup chain sized by the verify
+            cost curve is then sized by the padded steps' costs.
     Raises:
         ValueError: unknown method, heads that do not fit.
     """
@@ -46,5 +49,8 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
                                 recalibrate=recalibrate, batch_size=batch_size)
     engine = Engine(target, heads, tree, lookup)
     if pad_verify:  # the plan covers the most tokens this engine's steps verify
-        engine = Engine(target, heads, tree, lookup, verify_widths(target, engine.max_step_tokens))
+        widths, costs = calibrator_for(target).verify_plan(engine.max_step_tokens)
+        if lookup is not None and lookup.costs:  # chains sized by what a padded step costs
+            lookup = replace(lookup, costs=tuple(costs[: len(lookup.costs)]))
+        engine = Engine(target, heads, tree, lookup, widths)
     return engine

@@ -292,7 +292,7 @@ def verify_widths(target, n: int, saving: float = 0.05) -> tuple[int, ...]:
     Returns:
         ``n`` widths, the k-th >= k.
     """
-    return calibrator_for(target).verify_widths(n, saving)
+    return calibrator_for(target).verify_plan(n, saving)[0]
 
 
 def sized_lookup(target, lookup=None, batch_size: int = 1):
@@ -668,9 +668,15 @@ class Calibrator:
                 self._costs[n, batch_size] = [max(ms[: i + 1]) for i in range(n)]
             return list(self._costs[n, batch_size])
 
-    def verify_widths(self, n: int, saving: float = 0.05) -> tuple[int, ...]:
-        """The padded verification plan for one row (:func:`verify_widths`)."""
-        return padded_widths(self.raw_costs(min(2 * n, MAX_TREE_NODES + 1), repeats=7), n, saving)
+    def verify_plan(self, n: int, saving: float = 0.05) -> tuple[tuple[int, ...], list[float]]:
+        """The padded verification plan for one row (:func:`verify_widths`) and the cost
+        curve it gives: ms of a step that verifies 1..``n`` tokens padded by the plan (the
+        width's measured time, made non-decreasing), what prompt lookup sizes its chains
+        by when the engine pads."""
+        raw = self.raw_costs(min(2 * n, MAX_TREE_NODES + 1), repeats=7)
+        plan = padded_widths(raw, n, saving)
+        costs = [raw[w - 1] for w in plan]
+        return plan, [max(costs[: i + 1]) for i in range(n)]
 
     def known_costs(self, batch_size: int = 1) -> tuple[float, ...] | None:
         """The longest verify cost curve held for ``batch_size``, else None. Never measures."""

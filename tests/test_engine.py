@@ -65,6 +65,11 @@ def test_padded_verification_changes_nothing(arch):
     measured = engine_for("clover", target, tree, pad_verify=True)
     assert len(measured.verify_widths) == measured.max_step_tokens == 7
     assert all(w >= k for k, w in enumerate(measured.verify_widths, 1))
+    from clover import LookupConfig  # a lookup chain is sized by what a padded step costs
+    hybrid = engine_for("clover+lookup", target, tree, lookup=LookupConfig(max_tokens=4, costs=(9.0,) * 5),
+                        pad_verify=True)
+    assert len(hybrid.verify_widths) == 7 + 4 and len(hybrid.lookup.costs) == 5
+    assert hybrid.lookup.costs != (9.0,) * 5 and list(hybrid.lookup.costs) == sorted(hybrid.lookup.costs)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
