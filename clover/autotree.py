@@ -286,8 +286,9 @@ def verify_widths(target, n: int, saving: float = 0.05) -> tuple[int, ...]:
     2-core AVX-512 CPU at a 256-token prefix: 11 tokens 96 ms, 13-15 tokens 114-141 ms,
     16 tokens 80-85 ms; Clover at a budget of 10 drafted tokens then decoded 12 Spec-Bench
     questions 7% faster, the same text), so a step pads to the cheapest width up to 2n
-    tokens when that saves ``saving`` (5%) or more. Measured once per target (the fastest of 7 interleaved forwards per size,
-    about 2n x 7 forwards; seconds on a CPU), then held by its :class:`Calibrator`.
+    tokens when that saves ``saving`` (5%) or more. Measured once per target (the fastest
+    of 7 interleaved forwards per size, about 2n x 7 forwards; seconds on a CPU), then
+    held by its :class:`Calibrator`.
 
     Returns:
         ``n`` widths, the k-th >= k.

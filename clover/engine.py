@@ -135,10 +135,8 @@ class Engine:
     def max_step_tokens(self) -> int:
         """The most tokens one step of one row can verify: the root, the heads' tree
         budget (static: its paths) and the lookup chain (at most ``max_tokens``)."""
-        n = 1
-        if self.heads is not None and not self.tree.off:
-            n += len(self.tree.paths) if self.tree.kind == "static" else self.tree.budget
-        return n + (self.lookup.max_tokens if self.lookup is not None else 0)
+        heads = self.tree.nodes if self.heads is not None else 0
+        return 1 + heads + (self.lookup.max_tokens if self.lookup is not None else 0)
 
     def drafter(self):
         """A fresh per-run drafter for this engine's method (see ``clover.heads.drafter.Drafter``)."""
@@ -149,8 +147,7 @@ class Engine:
         lookup = LookupDrafter(self.lookup)
         if heads is None:
             return lookup
-        budget = len(self.tree.paths) if self.tree.kind == "static" else self.tree.budget
-        return HybridDrafter(heads, lookup, budget)
+        return HybridDrafter(heads, lookup, self.tree.nodes)
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,
                sampling: SamplingConfig | None = None,

@@ -115,6 +115,14 @@ class TreeConfig:
             raise ValueError(f"tree max_depth must be in [1, {MAX_TREE_DEPTH}], got {self.max_depth}")
 
     @property
+    def nodes(self) -> int:
+        """The most drafted nodes of one tree, root excluded (0 when off): a static tree's
+        paths, a dynamic tree's budget."""
+        if self.off:
+            return 0
+        return len(self.paths) if self.kind == "static" else self.budget
+
+    @property
     def deepest(self) -> int:
         """The most levels this tree can ever draft (0 when off): a static tree's longest
         path, a dynamic tree's budget (all of it one chain), each capped by ``max_depth``.
@@ -133,9 +141,7 @@ class TreeConfig:
         """A short human-readable name, e.g. "dynamic, 10 drafted tokens"."""
         if self.off:
             return "speculation off (no tree beats plain decoding here)"
-        if self.kind == "static":
-            return f"static, {len(self.paths)} drafted tokens"
-        return f"dynamic, {self.budget} drafted tokens"
+        return f"{self.kind}, {self.nodes} drafted tokens"
 
 
 def validate_paths(paths) -> None:

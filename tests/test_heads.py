@@ -291,7 +291,6 @@ def test_medusa_drafts_with_the_heads_its_tree_can_reach(spec, monkeypatch):
     assert (got.tokens.tolist(), got.parents, got.depths) == (want.tokens.tolist(), want.parents, want.depths)
 
 
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_augment_at_equals_the_full_block(arch):
     """Training reads h_0 at sampled positions only; CloverHeads.augment_at must give the
