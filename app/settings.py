@@ -40,7 +40,7 @@ def tree_config(choice) -> TreeConfig:
     else:
         if not budget.is_integer() or not 1 <= budget <= 256:
             raise ValueError(f"the tree budget must be a whole number from 1 to 256, got {text}")
-        return TreeConfig(kind="dynamic", budget=int(budget), branching=3)
+        return TreeConfig(kind="dynamic", budget=int(budget))
     try:
         return parse_tree_spec(text)
     except ValueError as e:

@@ -72,8 +72,11 @@ class TreeConfig:
         paths: static tree, Medusa's format (tuples of child ranks, 0 = most likely).
         budget: dynamic tree: drafted nodes kept, root excluded (N - 1).
         branching: dynamic tree: children proposed per expanded node, and nodes expanded
-            per depth (EAGLE-2's top-k; named apart from the target's sampling
-            ``SamplingConfig.top_k``, which it has nothing to do with).
+            per depth, at most the budget (EAGLE-2's top-k, 10 there too; named apart from
+            the target's sampling ``SamplingConfig.top_k``, which it has nothing to do
+            with). At the default the tree is exactly the budget's most probable nodes
+            for budgets up to 10; the narrower 3 accepted 8-9% fewer tokens per step at
+            a budget of 10 (held-out prompts, Clover and Medusa; docs/benchmarks.md).
         branch_p: dynamic tree: the draft side's nucleus; a node's children are cut once
             their cumulative draft probability reaches ``branch_p`` (not the target's
             ``SamplingConfig.top_p``).
@@ -89,7 +92,7 @@ class TreeConfig:
     kind: str = "dynamic"
     paths: tuple[tuple[int, ...], ...] = ()
     budget: int = 10
-    branching: int = 3
+    branching: int = 10
     branch_p: float = 0.95
     min_ratio: float = 0.02
     max_depth: int | None = None
@@ -462,17 +465,22 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
                    vocab: torch.Tensor | None = None) -> Growth:
     """Grow a dynamic tree by joint draft probability (EAGLE-2 style, Clover-1 sampler).
 
-    Per depth: expand the frontier (at most ``cfg.branching`` nodes), propose each node's top
-    ``cfg.branching`` children that survive the top-p cut and the ``min_ratio`` floor, score
-    them by joint probability; the ``cfg.branching`` best become the next frontier. At the end
-    keep the ``cfg.budget`` best nodes overall. A child's joint probability never
-    exceeds its parent's, and ties are broken by depth, so the kept set is a tree; for
-    the same reason the growth stops early once ``cfg.budget`` nodes beat the whole
-    frontier (a small budget then costs fewer head calls, with an identical tree).
+    Per depth: expand the frontier (at most k = min(``cfg.branching``, ``cfg.budget``)
+    nodes), propose each node's top k children that survive the top-p cut and the
+    ``min_ratio`` floor, score them by joint probability; the k best become the next
+    frontier. At the end keep the ``cfg.budget`` best nodes overall. A child's joint
+    probability never exceeds its parent's, and ties are broken by depth, so the kept set
+    is a tree; for the same reason the growth stops early once ``cfg.budget`` nodes beat
+    the whole frontier, and k never needs to exceed the budget (a node outside its
+    depth's best ``budget``, or past its parent's ``budget``-th child, has ``budget``
+    better nodes already): a small budget costs fewer head calls, with an identical tree.
+    With ``branching >= budget`` the tree is the ``budget`` nodes of highest joint draft
+    probability among all that pass the filters, as deep as the heads reach.
     """
     # candidate pool: (joint, depth, id, token, parent id, prob); the root has id 0
     pool: list[tuple[float, int, int, int, int, float]] = []
     frontier = [(0, -1, root_token, 1.0)]  # (id, parent id, token, joint)
+    width = min(cfg.branching, cfg.budget)  # wider can only add nodes the budget drops
     for d in range(max_depth):
         if not frontier:
             break
@@ -480,7 +488,7 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
                 sorted(c[0] for c in pool)[-cfg.budget] >= max(f[3] for f in frontier):
             break  # no deeper node can beat the kept ones: the same tree, fewer head calls
         dist = yield d, [f[0] for f in frontier], [f[1] for f in frontier], [f[2] for f in frontier]  # (n, V)
-        top_p, top_t = _top(dist, min(cfg.branching, dist.shape[-1]), vocab)
+        top_p, top_t = _top(dist, min(width, dist.shape[-1]), vocab)
         level = []
         for (pid, _, _, joint), ps, ts in zip(frontier, top_p, top_t):
             cum = 0.0
@@ -491,7 +499,7 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
                 level.append((joint * p, d + 1, len(pool) + 1, t, pid, p))
                 pool.append(level[-1])
         level.sort(key=lambda c: -c[0])
-        frontier = [(c[2], c[4], c[3], c[0]) for c in level[: cfg.branching]]
+        frontier = [(c[2], c[4], c[3], c[0]) for c in level[:width]]
     kept = [pool[i - 1] for i in best_by_joint([1.0] + [c[0] for c in pool], [0] + [c[1] for c in pool],
                                                cfg.budget)]  # pool entry i - 1 has id i
     # re-index breadth first, siblings by draft probability

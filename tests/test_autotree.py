@@ -40,9 +40,10 @@ def test_auto_tree_on_a_tiny_model(tmp_path, monkeypatch):
     target = tiny_target("llama")
     target.tokenizer.chat_template = "{% for m in messages %}t2 {{ m['content'] }} {% endfor %}t3"
     heads = perturb(new_heads("clover", target), 0.1)
-    cfg, report = auto_tree(target, heads, budgets=(1, 4, 16, 64), tokens=8, repeats=1, prefix_len=16)
+    narrow = TreeConfig(branching=3)
+    cfg, report = auto_tree(target, heads, narrow, budgets=(1, 4, 16, 64), tokens=8, repeats=1, prefix_len=16)
     # 64 is beyond the tree's pool (3 + 2 * 9 = 21 nodes for branching 3, 3 heads): tried as 21
-    assert report.budgets == [1, 4, 16, 21] and pool_size(TreeConfig(), 3) == 21
+    assert report.budgets == [1, 4, 16, 21] and pool_size(narrow, 3) == 21
     assert all(n <= b for n, b in zip(report.nodes, report.budgets)) and report.nodes[0] == 1
     assert len(report.tau) == 4 and all(t >= 1.0 for t in report.tau)
     assert report.tau == sorted(report.tau)  # a bigger tree never accepts less

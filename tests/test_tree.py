@@ -98,6 +98,78 @@ def test_grow_dynamic_keeps_highest_joint_probability():
     assert min(joint[1:]) >= sorted(fj[1:], reverse=True)[5] - 1e-12
 
 
+def path_expand(vocab=7, seed=0):
+    """Children distributions drawn at random per parent path (no ties), fixed per path;
+    ``expand.dist(path)`` reads one without a call."""
+    gen = torch.Generator().manual_seed(seed)
+    table: dict = {}
+
+    def dist(path):
+        if path not in table:
+            table[path] = torch.softmax(3 * torch.randn(vocab, generator=gen), -1)
+        return table[path]
+
+    paths = {0: ()}  # node id -> token path from the root
+
+    def expand(depth, node_ids, parent_ids, tokens):
+        rows = []
+        for nid, pid, t in zip(node_ids, parent_ids, tokens):
+            paths[nid] = paths.get(pid, ()) + (t,) if pid >= 0 else ()
+            rows.append(dist(paths[nid]))
+        return torch.stack(rows)
+
+    expand.dist = dist
+    return expand
+
+
+def joint_paths(tree: Tree) -> dict:
+    """{token path below the root: joint draft probability} of a tree's drafted nodes."""
+    path, joint = {0: ()}, {0: 1.0}
+    for i in range(1, len(tree)):
+        p = tree.parents[i]
+        path[i], joint[i] = path[p] + (int(tree.tokens[i]),), joint[p] * tree.draft_probs[i]
+    return {path[i]: joint[i] for i in range(1, len(tree))}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("budget,branching", [(1, 10), (3, 10), (6, 6), (10, 10), (10, 64)])
+def test_grow_dynamic_is_exact_top_budget_when_branching_covers_it(seed, budget, branching):
+    """With ``branching >= budget`` (filters off) the dynamic tree is exactly the ``budget``
+    paths of highest joint draft probability among every path up to the depth, found by
+    brute force; expanding at most ``budget`` nodes per depth loses none of them."""
+    depth, vocab = 3, 7
+    expand = path_expand(vocab, seed)
+    tree = grow_dynamic(0, TreeConfig(budget=budget, branching=branching, branch_p=1.0, min_ratio=0.0),
+                        expand, max_depth=depth)
+    every = {}
+
+    def walk(path, joint):
+        if len(path) == depth:
+            return
+        probs = expand.dist(path)
+        for t in range(vocab):
+            every[path + (t,)] = joint * float(probs[t])
+            walk(path + (t,), every[path + (t,)])
+
+    walk((), 1.0)
+    best = sorted(every, key=lambda p: -every[p])[:budget]
+    got = joint_paths(tree)
+    assert set(got) == set(best)
+    assert all(abs(got[p] - every[p]) < 1e-6 for p in got)
+    assert max(len(k) for k in tree.children()) <= budget
+
+
+def test_grow_dynamic_branching_beyond_budget_costs_no_more_head_calls():
+    """Branching above the budget drafts the same tree from the same expanded nodes."""
+    trees, calls = [], []
+    for branching in (4, 40):
+        expand = fixed_expand()
+        trees.append(grow_dynamic(3, TreeConfig(budget=4, branching=branching), expand, max_depth=3))
+        calls.append(expand.calls)
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist() and trees[0].parents == trees[1].parents
+    assert calls[0] == calls[1]
+
+
 def test_grow_dynamic_branch_p_and_floor():
     def peaked(depth, ids, parents, tokens):
         p = torch.tensor([0.9, 0.05, 0.03, 0.02])
