@@ -75,8 +75,9 @@ class TreeConfig:
             per depth, at most the budget (EAGLE-2's top-k, 10 there too; named apart from
             the target's sampling ``SamplingConfig.top_k``, which it has nothing to do
             with). At the default the tree is exactly the budget's most probable nodes
-            for budgets up to 10; the narrower 3 accepted 8-9% fewer tokens per step at
-            a budget of 10 (held-out prompts, Clover and Medusa; docs/benchmarks.md).
+            that pass ``branch_p`` and ``min_ratio``, for budgets up to 10; the narrower
+            3 accepted 7-9% fewer tokens per step at a budget of 10 (held-out prompts,
+            Medusa and Clover; docs/benchmarks.md).
         branch_p: dynamic tree: the draft side's nucleus; a node's children are cut once
             their cumulative draft probability reaches ``branch_p`` (not the target's
             ``SamplingConfig.top_p``).
