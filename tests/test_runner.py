@@ -37,7 +37,9 @@ def own_auto_tree_store(tmp_path, monkeypatch):
 
 def test_tree_config_choices():
     assert app_settings.tree_config("auto") == app_settings.auto_tree() == TreeConfig(auto=True)
-    assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16, branching=3)
+    # a bare number is a dynamic tree of that budget with the library's other defaults
+    assert app_settings.tree_config(" 16 ") == TreeConfig(kind="dynamic", budget=16)
+    assert app_settings.tree_config("16").branching == TreeConfig().branching == 10
     assert app_settings.tree_config("dynamic:budget=12,branching=4").budget == 12
     assert app_settings.tree_config("small").kind == "static"
     assert app_settings.tree_config("[[0],[1],[0,0]]").paths == ((0,), (1,), (0, 0))
