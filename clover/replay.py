@@ -75,3 +75,45 @@ def replay_greedy(drafter, prompt: Sequence[int], answer: Sequence[int],
         observe(pos, pos + k + 1)
         pos += k + 1
     return steps
+
+
+def greedy_answers(target, prompts: Sequence[dict], max_new_tokens: int, cache=None,
+                   progress: bool = True) -> list[tuple[str, list[int], list[int]]]:
+    """Plain greedy answers to the first turn of each Spec-Bench-format prompt, the
+    input of :func:`replay_greedy`; kept in the JSON file ``cache`` (keyed by the prompts
+    and ``max_new_tokens``) so later runs skip the target's decoding.
+
+    Args:
+        target: a :class:`~clover.models.target.TargetModel`, or a callable returning
+            one (only called when the answers are not cached).
+        prompts: records with ``"turns"`` and ``"category"``.
+        max_new_tokens: answer length cap.
+        cache: a JSON path or None.
+    Returns:
+        per prompt, (category, prompt ids, answer ids).
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from clover.engine import Engine
+    from clover.models import encode_prompt
+
+    key = hashlib.sha256(json.dumps([[p["category"], p["turns"][0]] for p in prompts]).encode()).hexdigest()[:16]
+    key = {"prompts": key, "n": len(prompts), "max_new_tokens": max_new_tokens}
+    if cache is not None and Path(cache).is_file():
+        saved = json.loads(Path(cache).read_text())
+        if saved.get("key") == key:
+            return [tuple(r) for r in saved["runs"]]
+    if callable(target) and not hasattr(target, "tokenizer"):
+        target = target()
+    runs = []
+    for p in tqdm(prompts, desc="greedy answers", disable=not progress):
+        ids = encode_prompt(target.tokenizer, p["turns"][0])
+        runs.append((p["category"], ids, Engine(target).generate(ids, max_new_tokens).token_ids))
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        Path(cache).write_text(json.dumps({"key": key, "runs": runs}))
+    return runs

@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +39,10 @@ def replay(prompt: list[int], answer: list[int], cfg, costs=()) -> tuple[int, in
 def main(argv=None) -> int:
     import torch
 
-    from clover import Engine, load_target
+    from clover import load_target
     from clover.training.prompts import interleave_categories, read_prompts
     from clover.lookup import PREFER, LookupConfig
-    from clover.models import encode_prompt
+    from clover.replay import greedy_answers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", required=True)
@@ -59,22 +58,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     prompts = interleave_categories(read_prompts(args.prompts))[: args.max_prompts]
     # the greedy answers are kept beside the output, so later runs replay at once
-    cache = Path(args.out).with_suffix(".answers.json")
-    key = {"prompts": args.prompts, "n": len(prompts), "max_new_tokens": args.max_new_tokens}
-    runs = []
-    if cache.is_file() and json.loads(cache.read_text())["key"] == key:
-        runs = [tuple(r) for r in json.loads(cache.read_text())["runs"]]
-    else:
-        target = load_target(None, device="cpu")
-        t0 = time.time()
-        for i, p in enumerate(prompts):
-            ids = encode_prompt(target.tokenizer, p["turns"][0])
-            answer = Engine(target).generate(ids, args.max_new_tokens).token_ids
-            runs.append((p["category"], ids, answer))
-            print(f"{i + 1}/{len(prompts)} {p['category']} {len(answer)} tokens, "
-                  f"{time.time() - t0:.0f} s", file=sys.stderr)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"key": key, "runs": runs}))
+    runs = greedy_answers(lambda: load_target(None, device="cpu"), prompts, args.max_new_tokens,
+                          Path(args.out).with_suffix(".answers.json"))
     costs = tuple(float(c) for c in args.costs.split(",") if c.strip())
     settings = {f"{prefer}, n<={n}, L={L}": LookupConfig(max_ngram=n, max_tokens=L, prefer=prefer)
                 for prefer in PREFER for n in (2, 3, 4) for L in (4, 10)}

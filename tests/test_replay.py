@@ -40,3 +40,27 @@ def test_replay_refuses_bad_input():
         replay_greedy(drafter, [], [5])
     with pytest.raises(ValueError, match="cover 3 positions"):
         replay_greedy(drafter, [1, 2], [3, 4], torch.zeros(3, 64), torch.zeros(3, 64))
+
+
+def test_greedy_answers_are_plain_greedy_and_cached(tmp_path):
+    """greedy_answers gives each prompt's plain greedy answer, keyed and cached: a second
+    call with the same prompts never builds the target; other prompts do."""
+    from clover.models import encode_prompt
+    from clover.replay import greedy_answers
+
+    target = tiny_target("llama")
+    prompts = [{"category": "qa", "turns": ["t5 t9 t14 t9", "later turn"]},
+               {"category": "code", "turns": ["t22 t31 t5"]}]
+    cache = tmp_path / "answers.json"
+    runs = greedy_answers(target, prompts, 12, cache, progress=False)
+    assert [r[0] for r in runs] == ["qa", "code"]
+    for (_, ids, answer), p in zip(runs, prompts):
+        assert ids == encode_prompt(target.tokenizer, p["turns"][0])
+        assert answer == Engine(target).generate(ids, 12).token_ids and len(answer) == 12
+
+    def no_target():
+        raise AssertionError("the cached answers should have been used")
+
+    assert greedy_answers(no_target, prompts, 12, cache, progress=False) == runs
+    with pytest.raises(AssertionError, match="cached answers"):
+        greedy_answers(no_target, prompts[:1], 12, cache, progress=False)  # another key
