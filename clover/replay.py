@@ -117,3 +117,13 @@ def greedy_answers(target, prompts: Sequence[dict], max_new_tokens: int, cache=N
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         Path(cache).write_text(json.dumps({"key": key, "runs": runs}))
     return runs
+
+
+def settings_table(title: str, table: dict[str, dict[str, float]], first: str = "setting") -> str:
+    """A replay sweep's results as a Markdown table under ``title``: one row per setting
+    (``table``'s keys, shown as given), one column per key of its rows (e.g. a category's
+    mean tokens per step), two decimals."""
+    cols = list(next(iter(table.values())))
+    lines = [f"\n{title}\n", f"| {first} | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |" for name, row in table.items()]
+    return "\n".join(lines)

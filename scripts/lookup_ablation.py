@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from clover import load_target
     from clover.training.prompts import interleave_categories, read_prompts
     from clover.lookup import PREFER, LookupConfig
-    from clover.replay import greedy_answers
+    from clover.replay import greedy_answers, settings_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", required=True)
@@ -86,11 +86,7 @@ def main(argv=None) -> int:
     for key, table in tables.items():
         if not table:
             continue
-        cats = list(next(iter(table.values())))
-        print(f"\n{key}\n\n| setting | " + " | ".join(cats) + " |")
-        print("|---|" + "---|" * len(cats))
-        for name, row in table.items():
-            print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cats) + " |")
+        print(settings_table(key, table))
     return 0
 
 

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from clover import load_target, parse_tree_spec
     from clover.assets import assets_dir
     from clover.heads import load_heads, shipped_heads_for
-    from clover.replay import greedy_answers, replay_greedy
+    from clover.replay import greedy_answers, replay_greedy, settings_table
     from clover.training.prompts import interleave_categories, read_prompts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,10 +57,12 @@ def main(argv=None) -> int:
     runs = greedy_answers(target, prompts, args.max_new_tokens,
                           Path(args.out).expanduser().with_suffix(".answers.json"))
     table: dict[str, dict[str, dict[str, float]]] = {}
+    used: dict[str, str] = {}  # kind -> its heads folder
     for kind in args.methods.split(","):
         folder = folders.get(kind) or shipped_heads_for(kind, target)
         if folder is None:
             ap.error(f"no shipped {kind} heads for this target: name a folder with --heads {kind}=DIR")
+        used[kind] = str(folder)
         heads = load_heads(folder, target).eval()
         states = []
         for _, ids, answer in tqdm(runs, desc=f"{kind}: target states"):
@@ -81,15 +83,10 @@ def main(argv=None) -> int:
     out = Path(args.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"prompts": args.prompts, "n": len(runs), "max_new_tokens": args.max_new_tokens,
-                               "heads": {k: str(folders.get(k) or shipped_heads_for(k, target))
-                                         for k in args.methods.split(",")},
+                               "heads": used,
                                "tokens_per_step": table}, indent=1) + "\n")
     for kind, rows in table.items():
-        cats = list(next(iter(rows.values())))
-        print(f"\n{kind}: tokens per step\n\n| tree | " + " | ".join(cats) + " |")
-        print("|---|" + "---|" * len(cats))
-        for spec, row in rows.items():
-            print(f"| `{spec}` | " + " | ".join(f"{row[c]:.2f}" for c in cats) + " |")
+        print(settings_table(f"{kind}: tokens per step", {f"`{spec}`": row for spec, row in rows.items()}, "tree"))
     return 0
 
 
