@@ -31,7 +31,8 @@ def svg(curve: dict) -> str:
               for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
     xs = [x for x, _ in pts] + [rx] + [x for line in series.values() for x, _ in line]
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
-    y0, y1 = 25.0, 60.0
+    ys = [y for _, y in pts] + [ry] + [y for line in series.values() for _, y in line]
+    y0, y1 = 25.0, max(60.0, 10 * math.ceil(max(ys) / 10))  # gridlines every 10 points
 
     def X(x):
         return left + (math.log10(x) - x0) / (x1 - x0) * (w - left - right)
@@ -42,10 +43,10 @@ def svg(curve: dict) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
            'font-family="sans-serif" font-size="12">',
            f'<rect width="{w}" height="{h}" fill="white"/>']
-    for y in range(30, 61, 10):
+    for y in range(30, int(y1) + 1, 10):
         out.append(f'<line x1="{left}" x2="{w - right}" y1="{Y(y):.1f}" y2="{Y(y):.1f}" stroke="#e5e5e5"/>')
         out.append(f'<text x="{left - 8}" y="{Y(y) + 4:.1f}" text-anchor="end">{y}%</text>')
-    for x in (1, 2, 5, 10):
+    for x in (1, 2, 5, 10, 20, 50):
         if x0 <= math.log10(x) <= x1:
             out.append(f'<line x1="{X(x):.1f}" x2="{X(x):.1f}" y1="{top}" y2="{h - bottom}" stroke="#e5e5e5"/>')
             out.append(f'<text x="{X(x):.1f}" y="{h - bottom + 16}" text-anchor="middle">{x}M</text>')
