@@ -29,9 +29,8 @@ def svg(curve: dict) -> str:
     cont = curve.get("continuation", {}).get("points", [])
     series = {kind: [(c["position_visits"] / 1e6, 100 * c[kind]["heldout_top1"]) for c in cont]
               for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
-    xs = [x for x, _ in pts] + [rx] + [x for line in series.values() for x, _ in line]
+    xs, ys = zip(*pts, (rx, ry), *(p for line in series.values() for p in line))
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
-    ys = [y for _, y in pts] + [ry] + [y for line in series.values() for _, y in line]
     y0, y1 = 25.0, max(60.0, 10 * math.ceil(max(ys) / 10))  # gridlines every 10 points
 
     def X(x):
