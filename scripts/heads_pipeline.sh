@@ -94,13 +94,17 @@ EVAL="$CACHE/yardstick-fuse-$L.json"
 fi
 
 CONTINUE_STEPS="${CONTINUE_STEPS:-3000}"
+# Peak learning rate of a continuation. v9 (v8 + 3,000 steps at 5e-4) fell from 59.1% to
+# 57.3% held-out head-1 top-1 after its warm-up and passed its start only after ~2,000
+# steps: the restart spent most of the round. Later rounds restart lower (2e-4).
+CONTINUE_LR="${CONTINUE_LR:-2e-4}"
 stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
 # Clover continues with the multi-layer features, the one lever that moved every task
 # (the A/B above, docs/training.md: +0.5 Spec-Bench points in 1,000 steps, +0.3 ms a
 # step): heads without them get the zero-started projection, heads with them keep theirs.
 CLOVER_RUN="continue-clover-fuse15-$(stamp clover)"
 MEDUSA_RUN="continue-medusa-$(stamp medusa)"
-CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr 5e-4 --eval-every 500)
+CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr "$CONTINUE_LR" --eval-every 500)
 FUSE=(--fuse-layers 15)
 run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${FUSE[@]}" "${CONT[@]}"
 run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CONT[@]}"
