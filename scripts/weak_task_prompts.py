@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 from pathlib import Path
 
+from clover.assets import cache_root
 from clover.training.prompts import (iter_json_array, is_english, normalise, overlap_filter,
                                      reference_texts, sharegpt_path)
 
-CACHE = Path(os.environ.get("CLOVER_CACHE_DIR", Path.home() / ".cache" / "clover-studio"))
+CACHE = cache_root()
 DE_WORDS = set("der die das und ist nicht ich sie wir mit für auf ein eine den dem des zu von "
                "sich auch es wie bei oder aus werden wird sind".split())
 TRANSLATE = ["Translate German to English: {s}"] * 6 + [
