@@ -21,6 +21,11 @@ Every prompt near a Spec-Bench or held-out prompt is dropped (``overlap_filter``
 Usage::
 
     python scripts/weak_task_prompts.py --out ~/.cache/clover-studio/prompts/weak-v1.jsonl
+    python scripts/weak_task_prompts.py --out ~/.cache/clover-studio/prompts/weak-v2.jsonl \
+        --translation-from 2000 --translation 4000 --summaries-from 450 --summaries 600
+
+The same seed shuffles the same sources the same way, so a later set (``--*-from``) never
+repeats an earlier one's sentences or passages, and its question ids continue theirs.
 """
 from __future__ import annotations
 
@@ -106,6 +111,10 @@ def main() -> None:
     ap.add_argument("--fortunes", default=str(CACHE / "sources" / "fortunes-de"))
     ap.add_argument("--translation", type=int, default=2000, help="most translation prompts")
     ap.add_argument("--summaries", type=int, default=450, help="most summarisation prompts")
+    ap.add_argument("--translation-from", type=int, default=0,
+                    help="skip this many German sentences (a later set: weak-v2 starts at 2000)")
+    ap.add_argument("--summaries-from", type=int, default=0,
+                    help="skip this many passages (a later set: weak-v2 starts at 450)")
     ap.add_argument("--exclude", action="append",
                     default=["../shared/data/spec_bench/question.jsonl", "assets/prompts/heldout.jsonl"])
     ap.add_argument("--seed", type=int, default=0)
@@ -118,9 +127,11 @@ def main() -> None:
     rng.shuffle(german)
     rng.shuffle(prose)
     rows = [{"question_id": f"weak-translation:{i}", "category": "translation",
-             "turns": [rng.choice(TRANSLATE).format(s=s)]} for i, s in enumerate(german[: a.translation])]
+             "turns": [rng.choice(TRANSLATE).format(s=s)]} for i, s in enumerate(german[a.translation_from: a.translation_from + a.translation],
+                                                    start=a.translation_from)]
     rows += [{"question_id": f"weak-summarization:{i}", "category": "summarization",
-              "turns": [rng.choice(SUMMARISE).format(s=s)]} for i, s in enumerate(prose[: a.summaries])]
+              "turns": [rng.choice(SUMMARISE).format(s=s)]} for i, s in enumerate(prose[a.summaries_from: a.summaries_from + a.summaries],
+                                                     start=a.summaries_from)]
     kept, dropped = overlap_filter(rows, reference_texts(a.exclude))
     rng.shuffle(kept)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
