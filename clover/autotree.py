@@ -438,8 +438,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str:
     """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
     a hash of the heads' weights, the base tree, the torch thread count, the processor,
-    the versions of torch, transformers and this library, how budgets are timed
-    (:data:`TIMING`), and the batch size (named only above 1)."""
+    the versions of torch, transformers and this library, the target's CPU linear kernels
+    (``TargetModel.linear_kernels``), how budgets are timed (:data:`TIMING`), and the
+    batch size (named only above 1)."""
     import hashlib
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -468,6 +469,7 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
+                     f"kernels={'/'.join(getattr(target, 'linear_kernels', None) or ('off',))}",
                      f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False)),
                      f"timing={TIMING}"]
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))

@@ -16,9 +16,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # CLOVER_TEST_CACHE_DIR names a folder to reuse between runs (saves the model conversion).
 USER_CACHE_DIR = os.environ.get("CLOVER_CACHE_DIR")
 # The CPU kernels' linear layout is named, not timed at load: every machine runs the same
-# code paths (the project's own few-row kernel; tests/test_cpu_linear.py checks both
-# layouts against each other). Subprocesses inherit it.
-os.environ.setdefault("CLOVER_CPU_KERNELS", "few-row")
+# code paths (the project's few-row kernel for 1-2 rows, oneDNN's packed one for more, as
+# chosen on x86 hosts; tests/test_cpu_linear.py checks every layout against F.linear).
+# Subprocesses inherit it.
+import torch  # noqa: E402
+
+os.environ.setdefault("CLOVER_CPU_KERNELS", "few-row/packed" if torch.backends.mkldnn.is_available() else "few-row")
 os.environ["CLOVER_CACHE_DIR"] = (os.environ.get("CLOVER_TEST_CACHE_DIR")
                                   or tempfile.mkdtemp(prefix="clover-test-cache-"))
 

@@ -1,21 +1,59 @@
-"""The few-row CPU linear layout computes the same product as F.linear."""
+"""The CPU linear kernels (few-row, oneDNN packed) compute the same product as F.linear."""
 import pytest
 import torch
 from torch import nn
 
-from clover.kernels.linear import MAX_ROWS, FewRowLinear, few_row_linear, use_few_row_linears
+from clover.kernels.linear import (KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear, few_row_linear,
+                                   packed_available, packed_linear, parse_layout, use_few_row_linears)
+
+LAYOUTS = ["few-row", "plain"] + (["packed", "few-row/packed"] if packed_available() else [])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, MAX_ROWS, MAX_ROWS + 1, 40])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_f_linear(rows, bias):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matches_f_linear(rows, bias, layout):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(300, 64, generator=g)
     b = torch.randn(300, generator=g) if bias else None
     x = torch.randn(1, rows, 64, generator=g)
-    out = few_row_linear(x, w, b)
-    assert out.shape == (1, rows, 300) and out.is_contiguous()
+    out = cpu_linear(x, w, b, parse_layout(layout))
+    assert out.shape == (1, rows, 300)
     torch.testing.assert_close(out, nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    if layout == "few-row":
+        assert few_row_linear(x, w, b).is_contiguous()
+
+
+def test_layouts_parse_and_pick_a_kernel_per_row_range(monkeypatch):
+    assert parse_layout("few-row") == ("few-row", "few-row")
+    assert parse_layout("plain / few-row") == ("plain", "few-row")
+    for bad in ("fast", "few-row/packed/plain", ""):
+        with pytest.raises(ValueError, match="unknown linear layout"):
+            parse_layout(bad)
+    used = []
+    import clover.kernels.linear as lin
+    monkeypatch.setitem(lin._KERNEL_FNS, "plain", lambda x, w, b=None: used.append(len(x)) or x @ w.T)
+    w = torch.randn(4, 8)
+    cpu_linear(torch.randn(SMALL_ROWS, 8), w, kernels=("plain", "few-row"))
+    cpu_linear(torch.randn(SMALL_ROWS + 1, 8), w, kernels=("few-row", "plain"))
+    cpu_linear(torch.randn(SMALL_ROWS + 1, 8), w, kernels=("plain", "few-row"))  # not the small range
+    assert used == [SMALL_ROWS, SMALL_ROWS + 1]
+
+
+@pytest.mark.skipif(not packed_available(), reason="needs oneDNN")
+def test_packed_rows_do_not_depend_on_the_other_rows_and_follow_weight_changes():
+    """oneDNN's packed kernel is batch-invariant: row i of a 16-row product is bitwise the
+    row of a one-row product (verification and plain decoding then agree exactly on the
+    linear layers); a weight changed in place is packed again."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 64, generator=g)
+    x = torch.randn(MAX_ROWS, 64, generator=g)
+    full = packed_linear(x, w)
+    for rows in (1, 2, 3, 7):
+        assert torch.equal(packed_linear(x[:rows], w), full[:rows])
+    with torch.no_grad():
+        w.mul_(2)
+    torch.testing.assert_close(packed_linear(x, w), 2 * full, rtol=1e-5, atol=1e-4)
 
 
 def test_takes_the_transposed_product_only_for_few_fp32_cpu_rows(monkeypatch):
@@ -32,10 +70,12 @@ def test_takes_the_transposed_product_only_for_few_fp32_cpu_rows(monkeypatch):
     assert calls == []
 
 
-def test_gradients_match_nn_linear():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradients_match_nn_linear(layout):
     torch.manual_seed(0)
     ref = nn.Linear(8, 5)
     fast = FewRowLinear(8, 5)
+    fast.kernels = parse_layout(layout)
     fast.load_state_dict(ref.state_dict())
     x1 = torch.randn(3, 8, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -71,14 +111,16 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     x = torch.randn(3, 64)
     before = model(x)
     kept = choose_layout(model, repeats=2)
-    assert kept in (True, False)
-    assert all(m.few_rows is kept for m in model.modules() if isinstance(m, FewRowLinear))
+    assert len(kept) == 2 and set(kept) <= set(KERNELS)
+    assert all(m.kernels == kept for m in model.modules() if isinstance(m, FewRowLinear))
+    if "packed" not in kept:  # the copies made for timing are dropped
+        assert not any(hasattr(m.weight, "_clover_packed") for m in model.modules() if isinstance(m, FewRowLinear))
     assert torch.allclose(model(x), before, atol=1e-5)
     assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
 
 
-@pytest.mark.parametrize("layout", ["few-row", "plain"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
     """TargetModel switches the CPU kernels once, at load time (on by default on a CPU,
     off with CLOVER_CPU_KERNELS=0 or cpu_kernels=False; the linear layout named or timed);
@@ -93,16 +135,19 @@ def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
         return TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama", **kw)
 
     on, off = target(linear_layout=layout), target(cpu_kernels=False)
-    assert on.few_row_linears is (layout == "few-row")
+    assert on.linear_kernels == parse_layout(layout)
     monkeypatch.setenv("CLOVER_CPU_KERNELS", "0")
     assert not target().cpu_kernels
     monkeypatch.setenv("CLOVER_CPU_KERNELS", layout)
-    assert target().few_row_linears is (layout == "few-row")
+    assert target().linear_kernels == parse_layout(layout)
     monkeypatch.setenv("CLOVER_CPU_KERNELS", "auto")
-    assert target().few_row_linears in (True, False)  # timed here
+    assert set(target().linear_kernels) <= set(KERNELS)  # timed here
     with pytest.raises(ValueError, match="unknown linear layout 'fast'"):
         target(linear_layout="fast")
-    assert on.cpu_kernels and not off.cpu_kernels and off.few_row_linears is None
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match="unknown linear layout 'fast'"):
+        target()
+    assert on.cpu_kernels and not off.cpu_kernels and off.linear_kernels is None
     assert any(type(m) is FewRowLinear for m in on.model.modules())
     assert not any(isinstance(m, FewRowLinear) for m in off.model.modules())
     assert off.config._attn_implementation != "clover_sdpa"
@@ -113,10 +158,8 @@ def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
         heads = new_heads("medusa", t, num_heads=2, draft_vocab=[2, 7, 11, 30, 64])
         linears = [m for m in heads.modules() if isinstance(m, nn.Linear)]
         if t.cpu_kernels:
-            assert all(type(m) is FewRowLinear and m.few_rows == (t.few_row_linears is not False)
-                       for m in linears)
-            assert heads.vocab_linear is (few_row_linear if t.few_row_linears is not False
-                                          else nn.functional.linear)
+            assert all(type(m) is FewRowLinear and m.kernels == t.linear_kernels for m in linears)
+            assert heads.vocab_linear.func is cpu_linear and heads.vocab_linear.keywords == {"kernels": t.linear_kernels}
         else:
             assert all(type(m) is nn.Linear for m in linears) and heads.vocab_linear is nn.functional.linear
         outs.append(heads(torch.ones(3, t.hidden_size), t))

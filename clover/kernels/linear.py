@@ -22,8 +22,24 @@ and other dtypes run exactly as before.
 Which layout is faster depends on the processor and its MKL kernels: on a later host of
 the same VM type (a Xeon with AVX-512 and AMX) the plain layout was the faster one (one
 forward over 1 / 2 / 4 / 8 tokens: 43 / 44 / 64 / 78 ms with ``F.linear``, 92 ms each
-with this one). So :func:`choose_layout` times both on the model's own weights when the
-model loads and keeps the faster.
+with this one).
+
+A third kernel, "packed", multiplies by weights that oneDNN reordered once into its
+blocked layout (``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``,
+the pair PyTorch's own compiler uses for frozen CPU linears); the copy is made on first
+use and kept beside the weight (about the model's size again in memory). It reads the
+weights once for all rows, so 3 to 16 rows cost little more than one. On the 2-core
+development VM (AVX-512, 2026-12-05; every linear layer of SmolLM2-135M once, lm_head
+included) 1 / 2 / 3 / 4 / 8 / 16 rows took 20.6 / 20.0 / 28.6 / 27.4 / 45.2 / 63.6 ms
+few-row, 23.2 / 26.8 / 22.2 / 21.5 / 31.0 / 32.8 ms packed (43 / 73 / 91 / 65 / 56 / 80
+ms with ``F.linear``), and a whole forward over 10 new tokens fell from 82 to 45 ms. Its
+rows are also batch-invariant (each output row is bitwise the same whatever the other
+rows), where MKL's are not.
+
+So a layout is a pair: the kernel for 1 to :data:`SMALL_ROWS` rows and the kernel for
+more, up to :data:`MAX_ROWS` (written "few-row/packed"; one name means both).
+:func:`choose_layout` times every kernel per row range on the model's own weights when
+the model loads and keeps the faster of each.
 """
 from __future__ import annotations
 
@@ -58,16 +74,110 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-class FewRowLinear(nn.Linear):
-    """``nn.Linear`` whose forward is :func:`few_row_linear` (same parameters), or
-    ``F.linear`` where :func:`choose_layout` found that faster (``few_rows`` False)."""
+KERNELS = ("plain", "few-row", "packed")
+SMALL_ROWS = 2  # a layout's first kernel runs 1..SMALL_ROWS rows, its second the rest up to MAX_ROWS
+PACK_ROWS_HINT = 4  # the row count oneDNN tunes a packed weight for (4 measured faster than 1)
 
-    few_rows = True
+
+def packed_available() -> bool:
+    """Whether this PyTorch build has oneDNN's packed fp32 linear (x86 CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's reordered copy of ``weight`` (D_out, D_in), made once and kept as an
+    attribute of the weight tensor (remade when the weight is changed in place)."""
+    # an inference tensor (a model loaded under torch.inference_mode) has no version counter
+    key = (0 if weight.is_inference() else weight._version, weight.data_ptr())
+    kept = getattr(weight, "_clover_packed", None)
+    if kept is None or kept[0] != key:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable anywhere
+            kept = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT))
+        weight._clover_packed = kept
+    return kept[1]
+
+
+class _PackedLinear(torch.autograd.Function):
+    """oneDNN's op has no backward: the gradients are the plain products."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        grad_x = (grad @ weight) if ctx.needs_input_grad[0] else None
+        grad_w = (g2.T @ x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by oneDNN's packed fp32 kernel, with autograd (the
+    forward's numbers do not depend on whether gradients are tracked). x: (..., D_in);
+    weight: (D_out, D_in); returns (..., D_out)."""
+    x = x.contiguous()
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _PackedLinear.apply(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
+
+
+_KERNEL_FNS = {"plain": nn.functional.linear, "few-row": few_row_linear, "packed": packed_linear}
+
+
+def parse_layout(layout: str) -> tuple[str, str]:
+    """"few-row/packed" -> ("few-row", "packed"); "packed" -> ("packed", "packed").
+
+    Raises:
+        ValueError: an unknown kernel name, or "packed" without oneDNN.
+    """
+    names = tuple(n.strip() for n in layout.split("/"))
+    if len(names) == 1:
+        names = names * 2
+    if len(names) != 2 or any(n not in KERNELS for n in names):
+        raise ValueError(f"unknown linear layout {layout!r}; choose one of {', '.join(LINEAR_LAYOUTS)} "
+                         f"or a pair such as 'few-row/packed'")
+    if "packed" in names and not packed_available():
+        raise ValueError("the 'packed' linear kernel needs a PyTorch build with oneDNN (mkldnn)")
+    return names
+
+
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               kernels: tuple[str, str] = ("few-row", "few-row")) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the layout's kernel for this many rows.
+
+    fp32 CPU inputs of 1 to :data:`SMALL_ROWS` rows take ``kernels[0]``, up to
+    :data:`MAX_ROWS` rows ``kernels[1]``; anything else (more rows, other dtypes or
+    devices) takes ``F.linear``.
+
+    Args:
+        x: (..., D_in).
+        weight: (D_out, D_in).
+        bias: (D_out,) or None.
+        kernels: a pair from :func:`parse_layout`.
+    Returns:
+        (..., D_out).
+    """
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or not 0 < rows <= MAX_ROWS):
+        return nn.functional.linear(x, weight, bias)
+    return _KERNEL_FNS[kernels[rows > SMALL_ROWS]](x, weight, bias)
+
+
+class FewRowLinear(nn.Linear):
+    """``nn.Linear`` whose forward is :func:`cpu_linear` in the layout ``kernels`` (same
+    parameters and state dict; set by :func:`set_layout`)."""
+
+    kernels: tuple[str, str] = ("few-row", "few-row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.few_rows:
-            return nn.functional.linear(x, self.weight, self.bias)
-        return few_row_linear(x, self.weight, self.bias)
+        return cpu_linear(x, self.weight, self.bias, self.kernels)
 
 
 def use_few_row_linears(module: nn.Module) -> nn.Module:
@@ -79,39 +189,40 @@ def use_few_row_linears(module: nn.Module) -> nn.Module:
     return module
 
 
-LINEAR_LAYOUTS = ("auto", "few-row", "plain")  # TargetModel(linear_layout=...)
+LINEAR_LAYOUTS = ("auto",) + KERNELS  # TargetModel(linear_layout=...), or a pair "a/b"
 
 
-def set_layout(module: nn.Module, layout: str) -> bool | None:
-    """Give the module's :class:`FewRowLinear` layers a layout: "few-row"
-    (:func:`few_row_linear`), "plain" (``F.linear``) or "auto" (the faster one here,
-    timed by :func:`choose_layout`). Tests name the layout, so which code path they run
-    does not depend on the machine.
+def set_layout(module: nn.Module, layout: str) -> tuple[str, str] | None:
+    """Give the module's :class:`FewRowLinear` layers a layout: a kernel name or a pair
+    (:func:`parse_layout`), or "auto" (per row range the fastest kernel here, timed by
+    :func:`choose_layout`). Tests name the layout, so which code path they run does not
+    depend on the machine.
 
     Returns:
-        True for the few-row layout, False for ``F.linear``, None when the module has no
-        such layers (or, for "auto", nothing to time).
+        the pair of kernels in use, or None when the module has no such layers (or, for
+        "auto", nothing to time).
     Raises:
         ValueError: an unknown layout.
     """
-    if layout not in LINEAR_LAYOUTS:
-        raise ValueError(f"unknown linear layout {layout!r}; choose one of {', '.join(LINEAR_LAYOUTS)}")
     if layout == "auto":
         return choose_layout(module)
+    kernels = parse_layout(layout)
     linears = [m for m in module.modules() if isinstance(m, FewRowLinear)]
     for m in linears:
-        m.few_rows = layout == "few-row"
-    return (layout == "few-row") if linears else None
+        m.kernels = kernels
+    return kernels if linears else None
 
 
-def choose_layout(module: nn.Module, rows=(1, 4), repeats: int = 3) -> bool | None:
-    """Time the module's :class:`FewRowLinear` layers both ways on their own weights
-    (every layer once per pass, so the weights stream from memory as in a forward; the
-    best of ``repeats`` passes per row count) and keep the faster layout in all of them.
+def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, str] | None:
+    """Time every kernel (:data:`KERNELS`; "packed" where oneDNN is present) on the
+    module's :class:`FewRowLinear` layers, on their own weights (every layer once per
+    pass, so the weights stream from memory as in a forward; the best of ``repeats``
+    passes), at 1 and 2 rows for the small range and 4 and 8 rows for the large one, and
+    give every layer the fastest kernel of each range.
 
     Returns:
-        True when the few-row layout was kept, False for ``F.linear``, None when there
-        was nothing to time (no such layers, or not fp32 on a CPU).
+        the pair of kernels kept, or None when there was nothing to time (no such
+        layers, or not fp32 on a CPU).
     """
     import time
 
@@ -119,28 +230,29 @@ def choose_layout(module: nn.Module, rows=(1, 4), repeats: int = 3) -> bool | No
     if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32
                           for m in linears):
         return None
-    inputs = {(r, m.in_features): torch.zeros(r, m.in_features) for r in rows for m in linears}
+    kernels = [k for k in KERNELS if k != "packed" or packed_available()]
+    ranges = ((1, 2), (4, 8))
+    inputs = {(r, m.in_features): torch.zeros(r, m.in_features) for rs in ranges for r in rs for m in linears}
 
-    def cost(fast: bool) -> float:
-        total = 0.0
+    def cost(kernel: str, rows) -> float:
+        fn, total = _KERNEL_FNS[kernel], 0.0
         with torch.inference_mode():
             for r in rows:
                 best = float("inf")
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     for m in linears:
-                        x = inputs[(r, m.in_features)]
-                        if fast:
-                            few_row_linear(x, m.weight, m.bias)
-                        else:
-                            nn.functional.linear(x, m.weight, m.bias)
+                        fn(inputs[(r, m.in_features)], m.weight, m.bias)
                     best = min(best, time.perf_counter() - t0)
                 total += best
         return total
 
-    cost(True)  # warm both paths
-    cost(False)
-    fast = cost(True) < cost(False)
+    for k in kernels:  # warm every path (and pack the weights once)
+        cost(k, (1,))
+    chosen = tuple(min(kernels, key=lambda k: cost(k, rows)) for rows in ranges)
+    if "packed" not in chosen:  # drop the packed copies nobody will read
+        for m in linears:
+            m.weight.__dict__.pop("_clover_packed", None)
     for m in linears:
-        m.few_rows = fast
-    return fast
+        m.kernels = chosen
+    return chosen

@@ -7,8 +7,8 @@ the latter, Clover's Augmenting Block the former).
 """
 from __future__ import annotations
 
-import logging
 import functools
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -19,25 +19,27 @@ import torch
 from torch import nn
 
 from clover.kernels.attention import use_gqa_sdpa
-from clover.kernels.linear import LINEAR_LAYOUTS, few_row_linear, set_layout, use_few_row_linears
+from clover.kernels.linear import cpu_linear, parse_layout, set_layout, use_few_row_linears
 from clover.models.embedded import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_model_dir
 from clover.models.fingerprint import target_fingerprint
 
 log = logging.getLogger(__name__)
 
-CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0": off; "few-row" / "plain": on, that linear layout
+CPU_KERNELS_ENV = "CLOVER_CPU_KERNELS"  # "0": off; "few-row", "packed", "few-row/packed"...: that linear layout
 
 
 def cpu_kernels_wanted(model: nn.Module) -> tuple[bool, str]:
     """The defaults of :class:`TargetModel`'s ``cpu_kernels`` and ``linear_layout``: on
     for a model on the CPU, in the layout measured faster ("auto"), unless the
     environment's ``CLOVER_CPU_KERNELS`` says "0" (off) or names a layout ("few-row",
-    "plain"; the test suite names one, so its code paths do not depend on the machine)."""
+    "plain", "packed" or a pair such as "few-row/packed"; the test suite names one, so its
+    code paths do not depend on the machine)."""
     value = os.environ.get(CPU_KERNELS_ENV, "auto").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False, "auto"
     params = next(model.parameters(), None)
-    return (params is None or params.device.type == "cpu"), (value if value in LINEAR_LAYOUTS else "auto")
+    return (params is None or params.device.type == "cpu"), (value if value not in ("", "1", "on", "yes", "true")
+                                                             else "auto")
 
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
@@ -130,29 +132,31 @@ class TargetModel:
     "auto", unless ``CLOVER_CPU_KERNELS`` says otherwise). When
     on, the wrapped model is changed in place for speed without changing what it
     computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
-    layout ``linear_layout`` names: "few-row", "plain", or by default "auto", the one
-    :func:`clover.kernels.linear.choose_layout` measures faster here) and, with
+    layout ``linear_layout`` names: a kernel ("few-row", "plain", "packed"), a pair of
+    them for 1-2 and 3-16 rows ("few-row/packed"), or by default "auto", per row range
+    the kernel :func:`clover.kernels.linear.choose_layout` measures fastest here; the pair
+    in use is ``linear_kernels``) and, with
     grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
     (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
     the same linear layers.
 
     Raises:
-        ValueError: ``linear_layout`` is not one of
-            :data:`clover.kernels.linear.LINEAR_LAYOUTS`.
+        ValueError: ``linear_layout`` is not "auto" or a layout
+            :func:`clover.kernels.linear.parse_layout` reads.
     """
 
     def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None,
                  linear_layout: str | None = None):
         wanted, layout = cpu_kernels_wanted(model)
         linear_layout = linear_layout or layout
-        if linear_layout not in LINEAR_LAYOUTS:
-            raise ValueError(f"unknown linear layout {linear_layout!r}; "
-                             f"choose one of {', '.join(LINEAR_LAYOUTS)}")
+        if linear_layout != "auto":
+            parse_layout(linear_layout)  # ValueError for an unknown one
         self.model = model.eval().requires_grad_(False)
         self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
-        self.few_row_linears = None  # the linear layout in use (None: the kernels are not used)
+        # the linear kernels in use for 1-2 and 3-16 rows (None: the CPU kernels are off)
+        self.linear_kernels: tuple[str, str] | None = None
         if self.cpu_kernels:
-            self.few_row_linears = set_layout(use_few_row_linears(self.model), linear_layout)
+            self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout)
             use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
@@ -179,15 +183,17 @@ class TargetModel:
 
     def adopt(self, heads: nn.Module) -> nn.Module:
         """Give draft heads this target's CPU kernels (in place; returns ``heads``): with
-        them on, their ``nn.Linear`` layers and vocabulary projection take the linear
-        layout measured faster for the target; off, plain ``F.linear``."""
-        if self.cpu_kernels:
+        them on, their ``nn.Linear`` layers and vocabulary projection take the target's
+        linear kernels (``linear_kernels``); off, plain ``F.linear``."""
+        if self.cpu_kernels and self.linear_kernels:
+            kernels = self.linear_kernels
             use_few_row_linears(heads)
             for m in heads.modules():
-                if hasattr(m, "few_rows"):
-                    m.few_rows = self.few_row_linears is not False
-        heads.vocab_linear = few_row_linear if self.cpu_kernels and self.few_row_linears is not False \
-            else nn.functional.linear
+                if hasattr(m, "kernels"):
+                    m.kernels = kernels
+            heads.vocab_linear = functools.partial(cpu_linear, kernels=kernels)
+        else:
+            heads.vocab_linear = nn.functional.linear
         self.capture_layers(getattr(getattr(heads, "config", None), "fuse_layers", ()))
         return heads
 
