@@ -630,3 +630,17 @@ def test_multi_layer_features_cache_train_and_start_from_the_plain_input(tmp_pat
         target.layer_states(ids, [2])
     with pytest.raises(ValueError, match="another target or layer .*layer 0\\), not of .*layer last\\)"):
         HiddenCache(target, path=layer_file)  # a layer's file is not the last layer's
+
+
+def test_data_folders_expand_home_and_a_missing_one_is_an_error(tmp_path, monkeypatch):
+    """`--data a,~/b`: the shell leaves a `~` after a comma alone, so the list expands it;
+    a folder that does not exist stops training instead of being skipped silently."""
+    from clover.training.train import data_dirs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert data_dirs(f"{tmp_path / 'a'}, ~/b") == [tmp_path / "a", tmp_path / "b"]
+    assert data_dirs([tmp_path / "a"]) == [tmp_path / "a"]
+    with pytest.raises(FileNotFoundError, match="no data folder .*missing"):
+        data_dirs(f"{tmp_path / 'a'},~/missing")

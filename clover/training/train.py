@@ -54,10 +54,19 @@ def is_heldout(question_id, percent: int) -> bool:
 
 
 def data_dirs(data_dir) -> list[Path]:
-    """One data folder, a comma-separated list of folders, or a list of folders."""
-    if isinstance(data_dir, (list, tuple)):
-        return [Path(d) for d in data_dir]
-    return [Path(d.strip()) for d in str(data_dir).split(",") if d.strip()]
+    """One data folder, a comma-separated list of folders, or a list of folders (``~``
+    expanded: a shell expands it only at the start of a word, not after a comma).
+
+    Raises:
+        FileNotFoundError: a named folder does not exist (rather than training silently
+            without it).
+    """
+    names = data_dir if isinstance(data_dir, (list, tuple)) else str(data_dir).split(",")
+    dirs = [Path(str(d).strip()).expanduser() for d in names if str(d).strip()]
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"no data folder {d} (make one with `clover data --out {d}`)")
+    return dirs
 
 
 def load_split(data_dir, cfg: TrainConfig, tokenizer=None) -> tuple[list[dict], list[dict]]:
