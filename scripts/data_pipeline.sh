@@ -11,18 +11,39 @@ export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 THREADS="${THREADS:-2}"
 COMMON=(--max-new-tokens 256 --batch-size 64 --threads "$THREADS")
 
-echo "== $(date -u +%FT%TZ) 1/4 greedy answers to the prompt mix (ShareGPT by reference + templated)"
+echo "== $(date -u +%FT%TZ) 1/6 greedy answers to the prompt mix (ShareGPT by reference + templated)"
 clover data --prompts assets/prompts/mix-v2.jsonl --out data/selfdistill-v2 "${COMMON[@]}"
 
-echo "== $(date -u +%FT%TZ) 2/4 Magpie prompts written by the target itself"
+echo "== $(date -u +%FT%TZ) 2/6 Magpie prompts written by the target itself"
 if [ ! -s assets/prompts/mix-magpie-v2.jsonl ]; then
   clover prompts --out assets/prompts/mix-magpie-v2.jsonl --sharegpt 0 --magpie 4000 \
     --magpie-file assets/prompts/magpie-v2.jsonl --threads "$THREADS"
 fi
 
-echo "== $(date -u +%FT%TZ) 3/4 greedy answers to the Magpie prompts"
+echo "== $(date -u +%FT%TZ) 3/6 greedy answers to the Magpie prompts"
 clover data --prompts assets/prompts/mix-magpie-v2.jsonl --out data/selfdistill-v2-magpie "${COMMON[@]}"
 
-echo "== $(date -u +%FT%TZ) 4/4 sampled answers (T=0.7) to the prompt mix"
+echo "== $(date -u +%FT%TZ) 4/6 sampled answers (T=0.7) to the prompt mix"
 clover data --prompts assets/prompts/mix-v2.jsonl --out data/selfdistill-v2-t07 --temperatures 0.7 "${COMMON[@]}"
+
+# The weak-task data (translation and summarisation from real text, docs/training.md):
+# prompt text from Debian's fortunes-de (GPL-2+) and ShareGPT, so prompts and answers
+# live under the cache, never in the work tree. v1 is behind the v10 heads; v2 is more of
+# the same kinds (sentences and passages v1 did not use).
+CACHE="${CLOVER_CACHE_DIR:-$HOME/.cache/clover-studio}"
+FORTUNES="$CACHE/sources/fortunes-de"
+if [ ! -d "$FORTUNES" ] && command -v apt-get >/dev/null; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download fortunes-de >/dev/null && dpkg-deb -x fortunes-de_*.deb x) \
+    && mkdir -p "$CACHE/sources" && cp -r "$tmp/x/usr/share/games/fortunes/de" "$FORTUNES" \
+    || echo "fortunes-de not available: German sentences from ShareGPT only"
+  rm -rf "$tmp"
+fi
+echo "== $(date -u +%FT%TZ) 5/6 weak-task prompts and answers, v1"
+[ -s "$CACHE/prompts/weak-v1.jsonl" ] || python scripts/weak_task_prompts.py --out "$CACHE/prompts/weak-v1.jsonl"
+clover data --prompts "$CACHE/prompts/weak-v1.jsonl" --out "$CACHE/data/selfdistill-weak-v1" "${COMMON[@]}"
+echo "== $(date -u +%FT%TZ) 6/6 weak-task prompts and answers, v2"
+[ -s "$CACHE/prompts/weak-v2.jsonl" ] || python scripts/weak_task_prompts.py --out "$CACHE/prompts/weak-v2.jsonl" \
+  --translation-from 2000 --translation 4000 --summaries-from 450 --summaries 600
+clover data --prompts "$CACHE/prompts/weak-v2.jsonl" --out "$CACHE/data/selfdistill-weak-v2" "${COMMON[@]}"
 echo "== $(date -u +%FT%TZ) done"

@@ -99,12 +99,35 @@ CONTINUE_STEPS="${CONTINUE_STEPS:-3000}"
 # steps: the restart spent most of the round. Later rounds restart lower (2e-4).
 CONTINUE_LR="${CONTINUE_LR:-2e-4}"
 stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
+# Continuations also learn from the weak-task answers (translation and summarisation from
+# real text, docs/training.md; v10 was the first such round): every prompt file
+# scripts/weak_task_prompts.py wrote under the cache (scripts/data_pipeline.sh steps 5-6)
+# has its answers completed here first (clover data resumes; nothing to do once done),
+# and the run names say how many sets, so a run made with other data is never taken for
+# this one. Their hidden states extend a copy of the v3 cache (the copy saves
+# recomputing the 2.8 hours of v3 states).
+WEAK="" NWEAK=0
+for p in "$CACHE"/prompts/weak-v*.jsonl; do
+  [ -f "$p" ] || continue
+  d="$CACHE/data/selfdistill-$(basename "$p" .jsonl)"
+  clover data --prompts "$p" --out "$d" --max-new-tokens 256 --batch-size 64 --threads "$THREADS"
+  WEAK="$WEAK,$d" NWEAK=$((NWEAK + 1))
+done
+HIDDEN_W="$CACHE/hidden-v3w.safetensors"
+if [ "$NWEAK" -gt 0 ] && [ ! -f "$HIDDEN_W" ] && [ -f "$CACHE/hidden-v3.safetensors" ]; then
+  cp "$CACHE/hidden-v3.safetensors" "$HIDDEN_W"
+  if [ -f "$CACHE/hidden-v3.layer15.safetensors" ]; then
+    cp "$CACHE/hidden-v3.layer15.safetensors" "$CACHE/hidden-v3w.layer15.safetensors"
+  fi
+fi
+CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr "$CONTINUE_LR" --eval-every 500)
+if [ "$NWEAK" -gt 0 ]; then CONT+=(--data "$DATA$WEAK" --hidden-cache "$HIDDEN_W"); fi
 # Clover continues with the multi-layer features, the one lever that moved every task
 # (the A/B above, docs/training.md: +0.5 Spec-Bench points in 1,000 steps, +0.3 ms a
 # step): heads without them get the zero-started projection, heads with them keep theirs.
-CLOVER_RUN="continue-clover-fuse15-$(stamp clover)"
-MEDUSA_RUN="continue-medusa-$(stamp medusa)"
-CONT=(--steps "$CONTINUE_STEPS" --positions 64 --lr "$CONTINUE_LR" --eval-every 500)
+W=""; if [ "$NWEAK" -gt 0 ]; then W="-weak$NWEAK"; fi
+CLOVER_RUN="continue-clover-fuse15$W-$(stamp clover)"
+MEDUSA_RUN="continue-medusa$W-$(stamp medusa)"
 FUSE=(--fuse-layers 15)
 run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${FUSE[@]}" "${CONT[@]}"
 run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CONT[@]}"
