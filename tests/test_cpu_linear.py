@@ -4,7 +4,8 @@ import torch
 from torch import nn
 
 from clover.kernels.linear import (KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear, few_row_linear,
-                                   packed_available, packed_linear, parse_layout, use_few_row_linears)
+                                   forget_packed, packed_available, packed_linear, parse_layout,
+                                   use_few_row_linears)
 
 LAYOUTS = ["few-row", "plain"] + (["packed", "few-row/packed"] if packed_available() else [])
 
@@ -54,6 +55,14 @@ def test_packed_rows_do_not_depend_on_the_other_rows_and_follow_weight_changes()
     with torch.no_grad():
         w.mul_(2)
     torch.testing.assert_close(packed_linear(x, w), 2 * full, rtol=1e-5, atol=1e-4)
+    w.data.mul_(0.5)  # a change autograd does not see: forget_packed makes it count
+    forget_packed()
+    torch.testing.assert_close(packed_linear(x, w), full, rtol=1e-5, atol=1e-4)
+    lin = FewRowLinear(64, 8)
+    lin.kernels = ("packed", "packed")
+    lin(x)
+    import pickle
+    assert isinstance(pickle.loads(pickle.dumps(lin)), FewRowLinear)  # the copy is not on the weight
 
 
 def test_takes_the_transposed_product_only_for_few_fp32_cpu_rows(monkeypatch):
@@ -114,7 +123,8 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     assert len(kept) == 2 and set(kept) <= set(KERNELS)
     assert all(m.kernels == kept for m in model.modules() if isinstance(m, FewRowLinear))
     if "packed" not in kept:  # the copies made for timing are dropped
-        assert not any(hasattr(m.weight, "_clover_packed") for m in model.modules() if isinstance(m, FewRowLinear))
+        from clover.kernels.linear import _PACKED
+        assert not any(id(m.weight) in _PACKED for m in model.modules() if isinstance(m, FewRowLinear))
     assert torch.allclose(model(x), before, atol=1e-5)
     assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None

@@ -43,6 +43,8 @@ the model loads and keeps the faster of each.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -84,17 +86,38 @@ def packed_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+# id(weight) -> ((version, data pointer), packed copy); kept outside the weight so that
+# pickling or moving the module never meets oneDNN's opaque tensor; an entry goes with its weight
+_PACKED: dict[int, tuple] = {}
+
+
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's reordered copy of ``weight`` (D_out, D_in), made once and kept as an
-    attribute of the weight tensor (remade when the weight is changed in place)."""
+    """oneDNN's reordered copy of ``weight`` (D_out, D_in), made once and kept while the
+    weight lives. It is remade when the weight's storage moves or when an in-place change
+    that autograd tracks bumps its version (``copy_``, optimizer steps other than fused
+    ones); a change it cannot see (writes through ``.data``, fused optimizers, weights
+    created under ``torch.inference_mode``, which have no version) needs
+    :func:`forget_packed` before the next forward."""
     # an inference tensor (a model loaded under torch.inference_mode) has no version counter
     key = (0 if weight.is_inference() else weight._version, weight.data_ptr())
-    kept = getattr(weight, "_clover_packed", None)
+    kept = _PACKED.get(id(weight))
     if kept is None or kept[0] != key:
         with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable anywhere
-            kept = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT))
-        weight._clover_packed = kept
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+        if kept is None:
+            weakref.finalize(weight, _PACKED.pop, id(weight), None)
+        kept = _PACKED[id(weight)] = (key, packed)
     return kept[1]
+
+
+def forget_packed(module: nn.Module | None = None) -> None:
+    """Drop the packed copies of ``module``'s parameters (all, without a module): the next
+    forward packs them again."""
+    if module is None:
+        _PACKED.clear()
+        return
+    for p in module.parameters():
+        _PACKED.pop(id(p), None)
 
 
 class _PackedLinear(torch.autograd.Function):
@@ -252,7 +275,7 @@ def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, str] | None
     chosen = tuple(min(kernels, key=lambda k: cost(k, rows)) for rows in ranges)
     if "packed" not in chosen:  # drop the packed copies nobody will read
         for m in linears:
-            m.weight.__dict__.pop("_clover_packed", None)
+            _PACKED.pop(id(m.weight), None)
     for m in linears:
         m.kernels = chosen
     return chosen

@@ -148,12 +148,16 @@ class TargetModel:
     def __init__(self, model, tokenizer, name: str, cpu_kernels: bool | None = None,
                  linear_layout: str | None = None):
         wanted, layout = cpu_kernels_wanted(model)
-        linear_layout = linear_layout or layout
-        if linear_layout != "auto":
-            parse_layout(linear_layout)  # ValueError for an unknown one
         self.model = model.eval().requires_grad_(False)
         self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
-        # the linear kernels in use for 1-2 and 3-16 rows (None: the CPU kernels are off)
+        if self.cpu_kernels and (linear_layout or layout) != "auto":
+            try:  # ValueError for an unknown one, naming where it came from
+                parse_layout(linear_layout or layout)
+            except ValueError as e:
+                raise ValueError(str(e) if linear_layout else f"{CPU_KERNELS_ENV}={layout!r}: {e}") from None
+        linear_layout = linear_layout or layout
+        # the linear kernels in use for 1-2 and 3-16 rows (None: the CPU kernels are off,
+        # or there are no fp32 CPU linear layers to run them on)
         self.linear_kernels: tuple[str, str] | None = None
         if self.cpu_kernels:
             self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout)
