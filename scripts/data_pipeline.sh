@@ -23,9 +23,6 @@ fi
 echo "== $(date -u +%FT%TZ) 3/6 greedy answers to the Magpie prompts"
 clover data --prompts assets/prompts/mix-magpie-v2.jsonl --out data/selfdistill-v2-magpie "${COMMON[@]}"
 
-echo "== $(date -u +%FT%TZ) 4/6 sampled answers (T=0.7) to the prompt mix"
-clover data --prompts assets/prompts/mix-v2.jsonl --out data/selfdistill-v2-t07 --temperatures 0.7 "${COMMON[@]}"
-
 # The weak-task data (translation and summarisation from real text, docs/training.md):
 # prompt text from Debian's fortunes-de (GPL-2+) and ShareGPT, so prompts and answers
 # live under the cache, never in the work tree. v1 is behind the v10 heads; v2 is more of
@@ -39,11 +36,13 @@ if [ ! -d "$FORTUNES" ] && command -v apt-get >/dev/null; then
     || echo "fortunes-de not available: German sentences from ShareGPT only"
   rm -rf "$tmp"
 fi
-echo "== $(date -u +%FT%TZ) 5/6 weak-task prompts and answers, v1"
+echo "== $(date -u +%FT%TZ) 4/6 weak-task prompts and answers, v1"
 [ -s "$CACHE/prompts/weak-v1.jsonl" ] || python scripts/weak_task_prompts.py --out "$CACHE/prompts/weak-v1.jsonl"
 clover data --prompts "$CACHE/prompts/weak-v1.jsonl" --out "$CACHE/data/selfdistill-weak-v1" "${COMMON[@]}"
-echo "== $(date -u +%FT%TZ) 6/6 weak-task prompts and answers, v2"
+echo "== $(date -u +%FT%TZ) 5/6 weak-task prompts and answers, v2"
 [ -s "$CACHE/prompts/weak-v2.jsonl" ] || python scripts/weak_task_prompts.py --out "$CACHE/prompts/weak-v2.jsonl" \
   --translation-from 2000 --translation 4000 --summaries-from 450 --summaries 600
 clover data --prompts "$CACHE/prompts/weak-v2.jsonl" --out "$CACHE/data/selfdistill-weak-v2" "${COMMON[@]}"
+echo "== $(date -u +%FT%TZ) 6/6 sampled answers (T=0.7) to the prompt mix"
+clover data --prompts assets/prompts/mix-v2.jsonl --out data/selfdistill-v2-t07 --temperatures 0.7 "${COMMON[@]}"
 echo "== $(date -u +%FT%TZ) done"
