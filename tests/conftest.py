@@ -19,9 +19,9 @@ USER_CACHE_DIR = os.environ.get("CLOVER_CACHE_DIR")
 # code paths (the project's few-row kernel for 1-2 rows, oneDNN's packed one for more, as
 # chosen on x86 hosts; tests/test_cpu_linear.py checks every layout against F.linear).
 # Subprocesses inherit it.
-import torch  # noqa: E402
+from clover.kernels.linear import packed_available  # noqa: E402
 
-os.environ.setdefault("CLOVER_CPU_KERNELS", "few-row/packed" if torch.backends.mkldnn.is_available() else "few-row")
+os.environ.setdefault("CLOVER_CPU_KERNELS", "few-row/packed" if packed_available() else "few-row")
 os.environ["CLOVER_CACHE_DIR"] = (os.environ.get("CLOVER_TEST_CACHE_DIR")
                                   or tempfile.mkdtemp(prefix="clover-test-cache-"))
 

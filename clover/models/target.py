@@ -150,12 +150,13 @@ class TargetModel:
         wanted, layout = cpu_kernels_wanted(model)
         self.model = model.eval().requires_grad_(False)
         self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
-        if self.cpu_kernels and (linear_layout or layout) != "auto":
-            try:  # ValueError for an unknown one, naming where it came from
-                parse_layout(linear_layout or layout)
-            except ValueError as e:
-                raise ValueError(str(e) if linear_layout else f"{CPU_KERNELS_ENV}={layout!r}: {e}") from None
+        from_env = not linear_layout
         linear_layout = linear_layout or layout
+        if self.cpu_kernels and linear_layout != "auto":
+            try:  # ValueError for an unknown one, naming where it came from
+                parse_layout(linear_layout)
+            except ValueError as e:
+                raise ValueError(f"{CPU_KERNELS_ENV}={linear_layout!r}: {e}" if from_env else str(e)) from None
         # the linear kernels in use for 1-2 and 3-16 rows (None: the CPU kernels are off,
         # or there are no fp32 CPU linear layers to run them on)
         self.linear_kernels: tuple[str, str] | None = None
