@@ -25,8 +25,8 @@ clover data --prompts assets/prompts/mix-magpie-v2.jsonl --out data/selfdistill-
 
 # The weak-task data (translation and summarisation from real text, docs/training.md):
 # prompt text from Debian's fortunes-de (GPL-2+) and ShareGPT, so prompts and answers
-# live under the cache, never in the work tree. v1 is behind the v10 heads; v2 is more of
-# the same kinds (sentences and passages v1 did not use).
+# live under the cache, never in the work tree. v1 is behind the v10 heads, v1 and v2 behind
+# v11; v2 is more of the same kinds (sentences and passages v1 did not use).
 CACHE="${CLOVER_CACHE_DIR:-$HOME/.cache/clover-studio}"
 FORTUNES="$CACHE/sources/fortunes-de"
 if [ ! -d "$FORTUNES" ] && command -v apt-get >/dev/null; then

@@ -275,7 +275,7 @@ def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, str] | None
     chosen = tuple(min(kernels, key=lambda k: cost(k, rows)) for rows in ranges)
     if "packed" not in chosen:  # drop the packed copies nobody will read
         for m in linears:
-            _PACKED.pop(id(m.weight), None)
+            forget_packed(m)
     for m in linears:
         m.kernels = chosen
     return chosen
