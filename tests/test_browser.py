@@ -29,6 +29,22 @@ OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
 README_SHOT = Path(__file__).resolve().parents[1] / "assets" / "figures" / "app.png"
 
 
+POLL_MS = 250  # wait_until's polling period
+
+
+def wait_until(page, expression: str, timeout: float, polling: int = POLL_MS):
+    """``page.wait_for_function`` on a timer: the default polls on requestAnimationFrame,
+    which a headless Chromium can starve under load or in a window behind another one (a
+    page waited on beside a second tab then times out with nothing wrong on it)."""
+    return page.wait_for_function(expression, timeout=timeout, polling=polling)
+
+
+def live_step_at_least(n: int) -> str:
+    """A page expression: the status shows a live run at step ``n`` or later (a poll may
+    miss the moment a given step is on screen: steps can be quicker than the polling)."""
+    return f"(/ step (\\d+) /.exec(document.querySelector('#status').innerText) || [0, 0])[1] >= {n}"
+
+
 def calibrated(before: set, timeout_s: float = 600.0):
     """The model the app built since ``before`` (registry keys), once its background
     calibration (auto trees, then a two-token warm-up) has finished."""
@@ -122,7 +138,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page.click("#run-button")
     # the live tree of the watched run, one update per step, the first within 2 s of Run:
     # the baselines race alongside it in lockstep, not before it
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Clover · step')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Clover · step')",
                            timeout=240_000)
     t0 = page.evaluate("window.__t0")
     first_ms, first_status = next((t, s) for t, s in recorded_states(page, "#status")
@@ -138,7 +154,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     assert first_step_s < 15.0, first_step_s  # no calibration or model loading after Run
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=60_000)
     page.locator("#tree-plot").screenshot(path=str(tmp_path / "tree-live.png"))
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                            timeout=240_000)
     page.wait_for_timeout(800)  # let Plotly draw the last figures
     shot(page, tmp_path, "app-decode.png")
@@ -178,16 +194,16 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
 
     page.on("request", on_request)
     page.click("#replay-button")
-    page.wait_for_function(
+    wait_until(page,
         "document.querySelector('#race-plot .gtitle').textContent.startsWith('Race replay: 0.')"
         f" && document.querySelector('#race-plot .gtitle').textContent !== {end_title!r}",
-        timeout=10_000)
+        timeout=10_000, polling=50)  # a state of the replay's few seconds
     assert page.locator("#race-plot .bars text").all_text_contents() != end_labels
     # it ends on the figure it started from: the title and then every bar's label (under
     # load Plotly may draw the last frame's labels a moment after its title)
     labels_js = "Array.from(document.querySelectorAll('#race-plot .bars text')).map(t => t.textContent)"
     end_json = json.dumps(json.dumps(end_labels, separators=(",", ":"), ensure_ascii=False))  # a JS string
-    page.wait_for_function(
+    wait_until(page,
         f"document.querySelector('#race-plot .gtitle').textContent === {end_title!r}"
         f" && JSON.stringify({labels_js}) === {end_json}",
         timeout=30_000)
@@ -199,11 +215,11 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     box = page.locator("#step-slider input[type=number]")
     box.fill("2")
     box.press("Enter")
-    page.wait_for_function(
+    wait_until(page,
         "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 2 of')",
         timeout=30_000)
     # the step view is one picture: the text and the metrics as they were after step 2
-    page.wait_for_function("document.querySelector('#metrics').innerText.includes('step 2 ·')",
+    wait_until(page, "document.querySelector('#metrics').innerText.includes('step 2 ·')",
                            timeout=30_000)
     assert 2 <= page.locator("#generated-text span").count() < 16
 
@@ -213,7 +229,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
         assert not panel.locator(f"#{name}-plot").is_visible()  # folded
         panel.locator("button.label-wrap").first.click()
         page.wait_for_selector(f"#{name}-plot .js-plotly-plot", state="visible", timeout=30_000)
-    page.wait_for_function("document.querySelector('#mask-plot').innerText.includes('prefix (')",
+    wait_until(page, "document.querySelector('#mask-plot').innerText.includes('prefix (')",
                            timeout=30_000)
     page.wait_for_timeout(800)  # let Plotly draw the opened panels
     assert "top tokens at the parent" in page.inner_text("#verify-plot")
@@ -235,10 +251,9 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
 
 def test_stop_cancels_a_run(app_url, browser, tmp_path):
     page = start_run(browser, app_url, "Tell me a long story about a lighthouse keeper.", 400)
-    page.wait_for_function("document.querySelector('#status').innerText.includes('step 3 ')",
-                           timeout=240_000)
+    wait_until(page, live_step_at_least(3), timeout=240_000)
     page.click("#stop-button")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Stopped')",
                            timeout=15_000)
     steps = page.locator("#metrics").inner_text()
     page.wait_for_timeout(1500)
@@ -265,7 +280,7 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
     page.wait_for_selector("#prompt textarea")
     record_states(page, "#generated-text")  # every state the panel takes
     start_run(browser, app_url, EMOJI_PROMPT, 14, page=page)
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')", timeout=240_000)
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')", timeout=240_000)
     page.wait_for_timeout(500)
     seen = [text for _, text in recorded_states(page, "#generated-text")] + [page.inner_text("#generated-text")]
     assert len(set(seen)) > 2  # the panel's states during the run were seen
@@ -290,8 +305,7 @@ def start_long_run(page, double_click: bool = False):
     page.fill("#prompt textarea", "Tell me a long story about a lighthouse keeper.")
     page.locator("#max-new-tokens input").fill("400")
     (page.dblclick if double_click else page.click)("#run-button")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('step 2 ')",
-                           timeout=240_000)
+    wait_until(page, live_step_at_least(2), timeout=240_000)
 
 
 def test_stop_while_queued_never_decodes(app_url, browser):
@@ -304,9 +318,9 @@ def test_stop_while_queued_never_decodes(app_url, browser):
     waiting.click("#stop-button")
     waiting.wait_for_timeout(500)
     busy.click("#stop-button")
-    busy.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+    wait_until(busy, "document.querySelector('#status').innerText.includes('Stopped')",
                            timeout=30_000)
-    waiting.wait_for_function(
+    wait_until(waiting,
         "document.querySelector('#status').innerText.includes('Stopped before it started')",
         timeout=60_000)
     waiting.wait_for_timeout(1500)
@@ -314,7 +328,7 @@ def test_stop_while_queued_never_decodes(app_url, browser):
     assert "appears here" in waiting.inner_text("#generated-text")  # nothing was decoded
     # the tab still works: a new run decodes
     waiting.click("#run-button")
-    waiting.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+    wait_until(waiting, "document.querySelector('#status').innerText.includes('Done')",
                               timeout=240_000)
     busy.close()
     waiting.close()
@@ -341,14 +355,14 @@ def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
         # a fixed budget: the auto tree calibrates on other prompts, where these scripted
         # heads (they know this answer only) draft nothing right and so would be turned off
         page = start_run(browser, url, EOS_PROMPT, 64, tree="10")
-        page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+        wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                                timeout=240_000)
         metrics = page.locator("#metrics").inner_text()
         assert "step 3 · 12 tokens" in metrics and "4.00" in metrics  # 12 tokens / 3 steps
         box = page.locator("#step-slider input[type=number]")
         box.fill("3")
         box.press("Enter")
-        page.wait_for_function(
+        wait_until(page,
             "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 3 of')",
             timeout=30_000)
         title = page.locator("#tree-plot .gtitle").text_content()
@@ -378,7 +392,7 @@ def test_lookup_branch_rings_its_nodes_and_stays_exact(app_url, embedded, browse
     page.wait_for_selector("#prompt textarea")
     page.get_by_label("Add a prompt lookup branch to the heads' tree").check()
     start_run(browser, app_url, COPY_PROMPT, 24, page=page)
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                            timeout=240_000)
     page.wait_for_timeout(800)
     assert "Clover + lookup" in page.inner_text("#metrics")
@@ -396,7 +410,7 @@ def test_lookup_branch_rings_its_nodes_and_stays_exact(app_url, embedded, browse
             break
         box.fill(str(i))
         box.press("Enter")
-        page.wait_for_function(
+        wait_until(page,
             f"document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step {i} of')",
             timeout=30_000)
         page.wait_for_timeout(300)
@@ -431,11 +445,11 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
         assert tree.kind == "dynamic" and tree.budget >= 1
         page = start_run(browser, url, "Explain why the sky is blue in two sentences.", 32,
                          compare=True)
-        page.wait_for_function("document.querySelector('#race-plot').innerText.includes('tokens so far')"
+        wait_until(page, "document.querySelector('#race-plot').innerText.includes('tokens so far')"
                                " && !document.querySelector('#status').innerText.includes('Done')",
                                timeout=240_000)  # the race, live
         shot(page, tmp_path, "app-busy-live.png")
-        page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+        wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                                timeout=300_000)
         page.wait_for_timeout(800)
         assert page.locator("#tree-plot .scatterlayer .point").count() >= 2  # a drafted node
@@ -462,13 +476,13 @@ def test_a_double_click_then_stop_then_run_decodes(app_url, browser):
     page = alone_page(browser, app_url)
     start_long_run(page, double_click=True)
     page.click("#stop-button")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Stopped')",
                            timeout=60_000)
     page.wait_for_timeout(1500)  # the second press of the double-click is reported stopped
     page.fill("#prompt textarea", "Name three colours.")
     page.locator("#max-new-tokens input").fill("12")
     page.click("#run-button")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                            timeout=240_000)
     assert "appears here" not in page.inner_text("#generated-text")
     page.close()

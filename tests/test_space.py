@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from test_browser import browser  # noqa: F401  (the fixture)
-from test_browser import shot, start_run
+from test_browser import shot, start_run, wait_until
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +97,8 @@ def _decode_in_the_browser(browser, url, tmp_path, name) -> tuple[str, str]:  # 
     page.wait_for_selector("#prompt textarea", timeout=120_000)
     notice = page.inner_text("#model-notice")
     start_run(browser, url, PROMPT, NEW_TOKENS, page=page)
-    page.wait_for_function("document.querySelector('#status').innerText.includes('Done')",
-                           timeout=300_000)
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
+               timeout=300_000)
     page.wait_for_timeout(800)
     assert page.locator("#tree-plot .js-plotly-plot .scatterlayer .point").count() >= 1
     assert page.locator("#tree-plot .gtitle").text_content().startswith("Step ")
