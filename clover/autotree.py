@@ -66,9 +66,18 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # make speculation a loss (two interleaved calibrations on this 2-core CPU differ by up to
 # 3% in their expected speedup).
 MIN_GAIN = 1.05
+# Budgets whose expected speed is within this fraction of the fastest one's count as
+# tied, and the smallest of them is picked: the calibration times bare forwards at a
+# 256-token prefix, and a real step costs more with the tree (acceptance, the cache's
+# compaction, longer prompts). Measured 2026-12-05 on a 2-core CPU, Clover v11: one and
+# three drafted tokens expected 0.4% apart, but on twelve Spec-Bench questions one
+# drafted token decoded 6% faster; Medusa's choice flipped between one and four drafted
+# tokens from run to run (2% apart).
+TIE_MARGIN = 0.03
 # How auto_tree times a budget, part of every stored choice's key: a choice measured
-# another way is measured again (2: drafting timed with the state refresh, after a forward)
-TIMING = 2
+# another way is measured again (2: drafting timed with the state refresh, after a
+# forward; 3: ties within TIE_MARGIN go to the smaller budget)
+TIMING = 3
 
 
 # A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
@@ -92,7 +101,7 @@ class AutoTreeReport:
     Attributes:
         chosen: the budget picked, 0 for "off".
         expected: the best budget's expected speedup over plain decoding (x).
-        best_budget: the budget with the best expected speed, even when below MIN_GAIN.
+        best_budget: the budget :func:`pick_budget` takes, even when below MIN_GAIN.
         spread: a plain step's median over its fastest repeat while timing (1.0 = steady).
         others_load: CPUs' worth of work other processes did while timing (None: unknown).
         Above :data:`BUSY_SPREAD` or :data:`BUSY_OTHERS` the machine was busy, and the
@@ -305,10 +314,25 @@ def sized_lookup(target, lookup=None, batch_size: int = 1):
     return calibrator_for(target).lookup(lookup, batch_size)
 
 
+def pick_budget(speed: Sequence[float], margin: float = TIE_MARGIN) -> int:
+    """The index of the budget to use given each budget's expected speed (tokens per ms,
+    budgets in increasing order): the smallest whose speed is within ``margin`` (a
+    fraction) of the fastest one's (:data:`TIE_MARGIN`).
+
+    Raises:
+        ValueError: for an empty ``speed`` or a negative ``margin``.
+    """
+    if not speed or margin < 0:
+        raise ValueError(f"need at least one budget's speed and a margin >= 0, got {list(speed)}, {margin}")
+    top = max(speed)
+    return next(i for i, v in enumerate(speed) if v >= (1 - margin) * top)
+
+
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 7,
               prefix_len: int = 256, batch_size: int = 1) -> tuple[TreeConfig, AutoTreeReport]:
-    """Pick the dynamic tree budget that maximises expected tokens/s, or no tree (kind
+    """Pick the dynamic tree budget that maximises expected tokens/s (the smallest within
+    :data:`TIE_MARGIN` of the fastest, :func:`pick_budget`), or no tree (kind
     "off", ``report.chosen`` 0) when none is expected to beat plain decoding by at
     least :data:`MIN_GAIN` (EAGLE-2's dynamic tree, arXiv 2406.16858, sized by measured
     cost: the plain step and every budget's drafting and verification are timed
@@ -416,7 +440,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     plain_ms, draft_ms, verify_ms = floors[0], floors[1::2], floors[2::2]
     spread = statistics.median(times[0]) / plain_ms if plain_ms > 0 else 1.0
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
-    best = max(range(len(budgets)), key=lambda i: speed[i])
+    best = pick_budget(speed)
     chosen = budgets[best] if speed[best] * plain_ms >= MIN_GAIN else 0
     report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, chosen, nodes,
                             expected=speed[best] * plain_ms, best_budget=budgets[best],
@@ -485,7 +509,7 @@ class Calibration:
         plain_ms: a plain step's time while calibrating (its fastest repeat), ms; None
             for a choice stored by an older version without figures.
         expected: the best budget's expected speedup over plain decoding (x), or None.
-        best_budget: the budget with the best expected speed (also when ``tree`` is off).
+        best_budget: the budget :func:`pick_budget` took (also when ``tree`` is off).
         busy: the machine was busy while timing (:attr:`AutoTreeReport.busy`): the choice
             holds for this process only and was not stored.
         stored: read from the store rather than measured now.
