@@ -100,8 +100,8 @@ class AutoTreeReport:
 
     Attributes:
         chosen: the budget picked, 0 for "off".
-        expected: the best budget's expected speedup over plain decoding (x).
-        best_budget: the budget :func:`pick_budget` takes, even when below MIN_GAIN.
+        expected: ``best_budget``'s expected speedup over plain decoding (x).
+        best_budget: the budget :func:`pick_budget` takes, even when no tree is used.
         spread: a plain step's median over its fastest repeat while timing (1.0 = steady).
         others_load: CPUs' worth of work other processes did while timing (None: unknown).
         Above :data:`BUSY_SPREAD` or :data:`BUSY_OTHERS` the machine was busy, and the
@@ -441,7 +441,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     spread = statistics.median(times[0]) / plain_ms if plain_ms > 0 else 1.0
     speed = [t / (d + v) for t, d, v in zip(tau, draft_ms, verify_ms)]
     best = pick_budget(speed)
-    chosen = budgets[best] if speed[best] * plain_ms >= MIN_GAIN else 0
+    # whether any tree pays is the fastest budget's call; which tree, pick_budget's (a
+    # budget tied with the fastest may sit just under MIN_GAIN)
+    chosen = budgets[best] if max(speed) * plain_ms >= MIN_GAIN else 0
     report = AutoTreeReport(budgets, tau, draft_ms, verify_ms, plain_ms, chosen, nodes,
                             expected=speed[best] * plain_ms, best_budget=budgets[best],
                             spread=spread, others_load=others)
@@ -508,7 +510,7 @@ class Calibration:
         tree: the concrete tree: dynamic with the chosen budget, or kind "off".
         plain_ms: a plain step's time while calibrating (its fastest repeat), ms; None
             for a choice stored by an older version without figures.
-        expected: the best budget's expected speedup over plain decoding (x), or None.
+        expected: ``best_budget``'s expected speedup over plain decoding (x), or None.
         best_budget: the budget :func:`pick_budget` took (also when ``tree`` is off).
         busy: the machine was busy while timing (:attr:`AutoTreeReport.busy`): the choice
             holds for this process only and was not stored.
