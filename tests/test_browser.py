@@ -139,7 +139,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     # the live tree of the watched run, one update per step, the first within 2 s of Run:
     # the baselines race alongside it in lockstep, not before it
     wait_until(page, "document.querySelector('#status').innerText.includes('Clover · step')",
-                           timeout=240_000)
+               timeout=240_000)
     t0 = page.evaluate("window.__t0")
     first_ms, first_status = next((t, s) for t, s in recorded_states(page, "#status")
                                   if "Clover · step" in s)
@@ -155,7 +155,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .point", timeout=60_000)
     page.locator("#tree-plot").screenshot(path=str(tmp_path / "tree-live.png"))
     wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
-                           timeout=240_000)
+               timeout=240_000)
     page.wait_for_timeout(800)  # let Plotly draw the last figures
     shot(page, tmp_path, "app-decode.png")
     if os.environ.get("CLOVER_UPDATE_SCREENSHOT") == "1":  # the README's screenshot (viewport only)
@@ -220,7 +220,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
         timeout=30_000)
     # the step view is one picture: the text and the metrics as they were after step 2
     wait_until(page, "document.querySelector('#metrics').innerText.includes('step 2 ·')",
-                           timeout=30_000)
+               timeout=30_000)
     assert 2 <= page.locator("#generated-text span").count() < 16
 
     # the step's own panels: folded by default, each opened here
@@ -230,7 +230,7 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
         panel.locator("button.label-wrap").first.click()
         page.wait_for_selector(f"#{name}-plot .js-plotly-plot", state="visible", timeout=30_000)
     wait_until(page, "document.querySelector('#mask-plot').innerText.includes('prefix (')",
-                           timeout=30_000)
+               timeout=30_000)
     page.wait_for_timeout(800)  # let Plotly draw the opened panels
     assert "top tokens at the parent" in page.inner_text("#verify-plot")
     assert "kept in the KV cache" in page.inner_text("#kv-plot")
@@ -254,7 +254,7 @@ def test_stop_cancels_a_run(app_url, browser, tmp_path):
     wait_until(page, live_step_at_least(3), timeout=240_000)
     page.click("#stop-button")
     wait_until(page, "document.querySelector('#status').innerText.includes('Stopped')",
-                           timeout=15_000)
+               timeout=15_000)
     steps = page.locator("#metrics").inner_text()
     page.wait_for_timeout(1500)
     assert page.locator("#metrics").inner_text() == steps  # no more steps arrive
@@ -319,7 +319,7 @@ def test_stop_while_queued_never_decodes(app_url, browser):
     waiting.wait_for_timeout(500)
     busy.click("#stop-button")
     wait_until(busy, "document.querySelector('#status').innerText.includes('Stopped')",
-                           timeout=30_000)
+               timeout=30_000)
     wait_until(waiting,
         "document.querySelector('#status').innerText.includes('Stopped before it started')",
         timeout=60_000)
@@ -329,7 +329,7 @@ def test_stop_while_queued_never_decodes(app_url, browser):
     # the tab still works: a new run decodes
     waiting.click("#run-button")
     wait_until(waiting, "document.querySelector('#status').innerText.includes('Done')",
-                              timeout=240_000)
+               timeout=240_000)
     busy.close()
     waiting.close()
 
@@ -356,7 +356,7 @@ def test_a_run_ending_inside_an_accepted_block(embedded, browser, tmp_path):
         # heads (they know this answer only) draft nothing right and so would be turned off
         page = start_run(browser, url, EOS_PROMPT, 64, tree="10")
         wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
-                               timeout=240_000)
+                   timeout=240_000)
         metrics = page.locator("#metrics").inner_text()
         assert "step 3 · 12 tokens" in metrics and "4.00" in metrics  # 12 tokens / 3 steps
         box = page.locator("#step-slider input[type=number]")
@@ -393,7 +393,7 @@ def test_lookup_branch_rings_its_nodes_and_stays_exact(app_url, embedded, browse
     page.get_by_label("Add a prompt lookup branch to the heads' tree").check()
     start_run(browser, app_url, COPY_PROMPT, 24, page=page)
     wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
-                           timeout=240_000)
+               timeout=240_000)
     page.wait_for_timeout(800)
     assert "Clover + lookup" in page.inner_text("#metrics")
     text = page.inner_text("#generated-text").replace("↵", "").replace("<|im_end|>", "")
@@ -450,7 +450,7 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
                                timeout=240_000)  # the race, live
         shot(page, tmp_path, "app-busy-live.png")
         wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
-                               timeout=300_000)
+                   timeout=300_000)
         page.wait_for_timeout(800)
         assert page.locator("#tree-plot .scatterlayer .point").count() >= 2  # a drafted node
         metrics = page.inner_text("#metrics")
@@ -477,12 +477,12 @@ def test_a_double_click_then_stop_then_run_decodes(app_url, browser):
     start_long_run(page, double_click=True)
     page.click("#stop-button")
     wait_until(page, "document.querySelector('#status').innerText.includes('Stopped')",
-                           timeout=60_000)
+               timeout=60_000)
     page.wait_for_timeout(1500)  # the second press of the double-click is reported stopped
     page.fill("#prompt textarea", "Name three colours.")
     page.locator("#max-new-tokens input").fill("12")
     page.click("#run-button")
     wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
-                           timeout=240_000)
+               timeout=240_000)
     assert "appears here" not in page.inner_text("#generated-text")
     page.close()
