@@ -39,6 +39,7 @@ from typing import Sequence
 import torch
 
 from clover.cache import crop_cache, new_cache
+from clover.kernels.linear import describe_layout
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -493,9 +494,10 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
         except PackageNotFoundError:  # a source checkout that was never installed
             versions.append(f"{package}=?")
     fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
+    kernels = getattr(target, "linear_kernels", None)
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
-                     f"kernels={'/'.join(getattr(target, 'linear_kernels', None) or ('off',))}",
+                     f"kernels={describe_layout(kernels) if kernels else 'off'}",
                      f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False)),
                      f"timing={TIMING}"]
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))

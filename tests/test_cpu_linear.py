@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from clover.kernels.linear import (KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear, few_row_linear,
-                                   forget_packed, packed_available, packed_linear, parse_layout,
+from clover.kernels.linear import (KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear, describe_layout,
+                                   few_row_linear, forget_packed, packed_available, packed_linear, parse_layout,
                                    use_few_row_linears)
 
 LAYOUTS = ["few-row", "plain"] + (["packed", "few-row/packed"] if packed_available() else [])
@@ -25,9 +25,11 @@ def test_matches_f_linear(rows, bias, layout):
         assert few_row_linear(x, w, b).is_contiguous()
 
 
-def test_layouts_parse_and_pick_a_kernel_per_row_range(monkeypatch):
-    assert parse_layout("few-row") == ("few-row", "few-row")
-    assert parse_layout("plain / few-row") == ("plain", "few-row")
+def test_layouts_parse_and_pick_a_kernel_per_row_count(monkeypatch):
+    assert parse_layout("few-row") == ("few-row",) * MAX_ROWS
+    assert parse_layout("plain / few-row") == ("plain",) * SMALL_ROWS + ("few-row",) * (MAX_ROWS - SMALL_ROWS)
+    assert describe_layout(parse_layout("plain / few-row")) == f"plain 1-{SMALL_ROWS}, few-row {SMALL_ROWS + 1}-{MAX_ROWS}"
+    assert describe_layout(("packed", "plain") + ("packed",) * (MAX_ROWS - 2)) == f"packed 1, plain 2, packed 3-{MAX_ROWS}"
     for bad in ("fast", "few-row/packed/plain", ""):
         with pytest.raises(ValueError, match="unknown linear layout"):
             parse_layout(bad)
@@ -35,10 +37,10 @@ def test_layouts_parse_and_pick_a_kernel_per_row_range(monkeypatch):
     import clover.kernels.linear as lin
     monkeypatch.setitem(lin._KERNEL_FNS, "plain", lambda x, w, b=None: used.append(len(x)) or x @ w.T)
     w = torch.randn(4, 8)
-    cpu_linear(torch.randn(SMALL_ROWS, 8), w, kernels=("plain", "few-row"))
-    cpu_linear(torch.randn(SMALL_ROWS + 1, 8), w, kernels=("few-row", "plain"))
-    cpu_linear(torch.randn(SMALL_ROWS + 1, 8), w, kernels=("plain", "few-row"))  # not the small range
-    assert used == [SMALL_ROWS, SMALL_ROWS + 1]
+    table = ("few-row", "plain", "few-row") + ("plain",) * (MAX_ROWS - 3)
+    for rows in (1, 2, 3, 4, MAX_ROWS):
+        torch.testing.assert_close(cpu_linear(torch.randn(rows, 8), w, kernels=table).shape, (rows, 4))
+    assert used == [2, 4, MAX_ROWS]  # entry r - 1 for r rows
 
 
 @pytest.mark.skipif(not packed_available(), reason="needs oneDNN")
@@ -59,7 +61,7 @@ def test_packed_rows_do_not_depend_on_the_other_rows_and_follow_weight_changes()
     forget_packed()
     torch.testing.assert_close(packed_linear(x, w), full, rtol=1e-5, atol=1e-4)
     lin = FewRowLinear(64, 8)
-    lin.kernels = ("packed", "packed")
+    lin.kernels = parse_layout("packed")
     lin(x)
     import pickle
     assert isinstance(pickle.loads(pickle.dumps(lin)), FewRowLinear)  # the copy is not on the weight
@@ -120,7 +122,7 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     x = torch.randn(3, 64)
     before = model(x)
     kept = choose_layout(model, repeats=2)
-    assert len(kept) == 2 and set(kept) <= set(KERNELS)
+    assert len(kept) == MAX_ROWS and set(kept) <= set(KERNELS)
     assert all(m.kernels == kept for m in model.modules() if isinstance(m, FewRowLinear))
     if "packed" not in kept:  # the copies made for timing are dropped
         from clover.kernels.linear import _PACKED
@@ -128,6 +130,34 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     assert torch.allclose(model(x), before, atol=1e-5)
     assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
+
+
+def test_choose_layout_keeps_the_fastest_kernel_at_each_row_count(monkeypatch):
+    """Where one kernel hands over to another is measured, not assumed: a kernel slow
+    below four rows and one slow from four rows give a table that switches at four, and
+    counts between the timed ones take the kernel of the count below."""
+    import time
+
+    import clover.kernels.linear as lin
+
+    def kernel(slow):
+        def fn(x, w, b=None):
+            if slow(x.shape[0]):
+                time.sleep(0.003)
+            return nn.functional.linear(x, w, b)
+        return fn
+
+    monkeypatch.setattr(lin, "ROW_POINTS", (1, 2, 3, 4, 6, 8, 12, 16))
+    monkeypatch.setitem(lin._KERNEL_FNS, "plain", kernel(lambda rows: rows >= 4))
+    monkeypatch.setitem(lin._KERNEL_FNS, "packed", kernel(lambda rows: rows < 4 or rows in (6, 7)))
+    monkeypatch.setitem(lin._KERNEL_FNS, "few-row", kernel(lambda rows: rows != 6))
+    model = use_few_row_linears(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)))
+    kept = lin.choose_layout(model, repeats=2)
+    packed = "packed" if packed_available() else "few-row"  # without oneDNN only two kernels race
+    want = ("plain",) * 3 + (packed,) * 2 + ("few-row",) * 2 + (packed,) * (MAX_ROWS - 7)
+    if not packed_available():
+        want = ("plain",) * 3 + ("few-row",) * (MAX_ROWS - 3)
+    assert kept == want
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -36,10 +36,16 @@ ms with ``F.linear``), and a whole forward over 10 new tokens fell from 82 to 45
 rows are also batch-invariant (each output row is bitwise the same whatever the other
 rows), where MKL's are not.
 
-So a layout is a pair: the kernel for 1 to :data:`SMALL_ROWS` rows and the kernel for
-more, up to :data:`MAX_ROWS` (written "few-row/packed"; one name means both).
-:func:`choose_layout` times every kernel per row range on the model's own weights when
-the model loads and keeps the faster of each.
+So a layout is the kernel per row count, 1 to :data:`MAX_ROWS` (a tuple of
+:data:`MAX_ROWS` names). Written by hand it is a pair, the kernel for 1 to
+:data:`SMALL_ROWS` rows and the kernel for more ("few-row/packed"; one name means both).
+:func:`choose_layout` times every kernel at the row counts of :data:`ROW_POINTS` on the
+model's own weights when the model loads and keeps the fastest at each, since where one
+kernel hands over to another differs from host to host: on one 2-core host of the same
+VM type (2026-12-06; every linear layer of SmolLM2-135M once, lm_head included) 1 / 2 /
+3 / 4 / 8 rows took 22.5 / 22.7 / 23.3 / 35.6 / 44.6 ms plain and 29.7 / 31.0 / 31.8 /
+30.9 / 35.7 ms packed (few-row 53-57 ms throughout), so three rows belong with one and
+two, where a split after two rows gave them to the packed kernel, 36% slower.
 """
 from __future__ import annotations
 
@@ -77,7 +83,9 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 KERNELS = ("plain", "few-row", "packed")
-SMALL_ROWS = 2  # a layout's first kernel runs 1..SMALL_ROWS rows, its second the rest up to MAX_ROWS
+SMALL_ROWS = 2  # a layout written as a pair: its first kernel runs 1..SMALL_ROWS rows, its second the rest
+# the row counts choose_layout times; a count between two takes the kernel of the one below
+ROW_POINTS = (1, 2, 3, 4, 6, 8, 12, 16)
 PACK_ROWS_HINT = 4  # the row count oneDNN tunes a packed weight for (4 measured faster than 1)
 
 
@@ -153,9 +161,13 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 _KERNEL_FNS = {"plain": nn.functional.linear, "few-row": few_row_linear, "packed": packed_linear}
 
 
-def parse_layout(layout: str) -> tuple[str, str]:
-    """"few-row/packed" -> ("few-row", "packed"); "packed" -> ("packed", "packed").
+def parse_layout(layout: str) -> tuple[str, ...]:
+    """A layout written by hand as the kernel per row count: "few-row/packed" -> "few-row"
+    for 1..:data:`SMALL_ROWS` rows and "packed" for the rest up to :data:`MAX_ROWS`; one
+    name ("plain") means every row count.
 
+    Returns:
+        a tuple of :data:`MAX_ROWS` kernel names, entry r - 1 for r rows.
     Raises:
         ValueError: an unknown kernel name, or "packed" without oneDNN.
     """
@@ -167,22 +179,32 @@ def parse_layout(layout: str) -> tuple[str, str]:
                          f"or a pair such as 'few-row/packed'")
     if "packed" in names and not packed_available():
         raise ValueError("the 'packed' linear kernel needs a PyTorch build with oneDNN (mkldnn)")
-    return names
+    return (names[0],) * SMALL_ROWS + (names[1],) * (MAX_ROWS - SMALL_ROWS)
+
+
+def describe_layout(kernels: tuple[str, ...]) -> str:
+    """A layout in words, by row range: ("plain",) * 3 + ("packed",) * 13 -> "plain 1-3,
+    packed 4-16"."""
+    parts, start = [], 1
+    for r in range(1, len(kernels) + 1):
+        if r == len(kernels) or kernels[r] != kernels[r - 1]:
+            parts.append(f"{kernels[r - 1]} {start}-{r}" if r > start else f"{kernels[r - 1]} {r}")
+            start = r + 1
+    return ", ".join(parts)
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               kernels: tuple[str, str] = ("few-row", "few-row")) -> torch.Tensor:
+               kernels: tuple[str, ...] = ("few-row",) * MAX_ROWS) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` by the layout's kernel for this many rows.
 
-    fp32 CPU inputs of 1 to :data:`SMALL_ROWS` rows take ``kernels[0]``, up to
-    :data:`MAX_ROWS` rows ``kernels[1]``; anything else (more rows, other dtypes or
-    devices) takes ``F.linear``.
+    fp32 CPU inputs of r rows, 1 <= r <= :data:`MAX_ROWS`, take ``kernels[r - 1]``;
+    anything else (more rows, other dtypes or devices) takes ``F.linear``.
 
     Args:
         x: (..., D_in).
         weight: (D_out, D_in).
         bias: (D_out,) or None.
-        kernels: a pair from :func:`parse_layout`.
+        kernels: the kernel per row count (:func:`parse_layout`, :func:`choose_layout`).
     Returns:
         (..., D_out).
     """
@@ -190,14 +212,14 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
             or not 0 < rows <= MAX_ROWS):
         return nn.functional.linear(x, weight, bias)
-    return _KERNEL_FNS[kernels[rows > SMALL_ROWS]](x, weight, bias)
+    return _KERNEL_FNS[kernels[rows - 1]](x, weight, bias)
 
 
 class FewRowLinear(nn.Linear):
     """``nn.Linear`` whose forward is :func:`cpu_linear` in the layout ``kernels`` (same
     parameters and state dict; set by :func:`set_layout`)."""
 
-    kernels: tuple[str, str] = ("few-row", "few-row")
+    kernels: tuple[str, ...] = ("few-row",) * MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_linear(x, self.weight, self.bias, self.kernels)
@@ -215,15 +237,15 @@ def use_few_row_linears(module: nn.Module) -> nn.Module:
 LINEAR_LAYOUTS = ("auto",) + KERNELS  # TargetModel(linear_layout=...), or a pair "a/b"
 
 
-def set_layout(module: nn.Module, layout: str) -> tuple[str, str] | None:
+def set_layout(module: nn.Module, layout: str) -> tuple[str, ...] | None:
     """Give the module's :class:`FewRowLinear` layers a layout: a kernel name or a pair
-    (:func:`parse_layout`), or "auto" (per row range the fastest kernel here, timed by
+    (:func:`parse_layout`), or "auto" (per row count the fastest kernel here, timed by
     :func:`choose_layout`). Tests name the layout, so which code path they run does not
     depend on the machine.
 
     Returns:
-        the pair of kernels in use, or None when the module has no such layers (or, for
-        "auto", nothing to time).
+        the kernel per row count in use, or None when the module has no such layers (or,
+        for "auto", nothing to time).
     Raises:
         ValueError: an unknown layout.
     """
@@ -236,16 +258,17 @@ def set_layout(module: nn.Module, layout: str) -> tuple[str, str] | None:
     return kernels if linears else None
 
 
-def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, str] | None:
+def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, ...] | None:
     """Time every kernel (:data:`KERNELS`; "packed" where oneDNN is present) on the
     module's :class:`FewRowLinear` layers, on their own weights (every layer once per
     pass, so the weights stream from memory as in a forward; the best of ``repeats``
-    passes), at 1 and 2 rows for the small range and 4 and 8 rows for the large one, and
-    give every layer the fastest kernel of each range.
+    passes, the kernels interleaved), at each row count of :data:`ROW_POINTS`, and give
+    every layer the fastest kernel of each count (a count between two takes the one
+    below's). About 3 s for SmolLM2-135M on a 2-core CPU.
 
     Returns:
-        the pair of kernels kept, or None when there was nothing to time (no such
-        layers, or not fp32 on a CPU).
+        the kernel per row count kept (:data:`MAX_ROWS` names), or None when there was
+        nothing to time (no such layers, or not fp32 on a CPU).
     """
     import time
 
@@ -254,25 +277,25 @@ def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, str] | None
                           for m in linears):
         return None
     kernels = [k for k in KERNELS if k != "packed" or packed_available()]
-    ranges = ((1, 2), (4, 8))
-    inputs = {(r, m.in_features): torch.zeros(r, m.in_features) for rs in ranges for r in rs for m in linears}
+    inputs = {(r, m.in_features): torch.zeros(r, m.in_features) for r in ROW_POINTS for m in linears}
 
-    def cost(kernel: str, rows) -> float:
-        fn, total = _KERNEL_FNS[kernel], 0.0
-        with torch.inference_mode():
-            for r in rows:
-                best = float("inf")
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    for m in linears:
-                        fn(inputs[(r, m.in_features)], m.weight, m.bias)
-                    best = min(best, time.perf_counter() - t0)
-                total += best
-        return total
+    def sweep(kernel: str, rows: int) -> float:
+        fn = _KERNEL_FNS[kernel]
+        t0 = time.perf_counter()
+        for m in linears:
+            fn(inputs[(rows, m.in_features)], m.weight, m.bias)
+        return time.perf_counter() - t0
 
-    for k in kernels:  # warm every path (and pack the weights once)
-        cost(k, (1,))
-    chosen = tuple(min(kernels, key=lambda k: cost(k, rows)) for rows in ranges)
+    best = {(k, r): float("inf") for k in kernels for r in ROW_POINTS}
+    with torch.inference_mode():
+        for k in kernels:  # warm every path (and pack the weights once)
+            sweep(k, 1)
+        for _ in range(repeats):
+            for r in ROW_POINTS:
+                for k in kernels:
+                    best[k, r] = min(best[k, r], sweep(k, r))
+    fastest = {r: min(kernels, key=lambda k: best[k, r]) for r in ROW_POINTS}
+    chosen = tuple(fastest[max(p for p in ROW_POINTS if p <= r)] for r in range(1, MAX_ROWS + 1))
     if "packed" not in chosen:  # drop the packed copies nobody will read
         for m in linears:
             forget_packed(m)

@@ -133,9 +133,9 @@ class TargetModel:
     on, the wrapped model is changed in place for speed without changing what it
     computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
     layout ``linear_layout`` names: a kernel ("few-row", "plain", "packed"), a pair of
-    them for 1-2 and 3-16 rows ("few-row/packed"), or by default "auto", per row range
-    the kernel :func:`clover.kernels.linear.choose_layout` measures fastest here; the pair
-    in use is ``linear_kernels``) and, with
+    them for 1-2 and 3-16 rows ("few-row/packed"), or by default "auto", per row count
+    the kernel :func:`clover.kernels.linear.choose_layout` measures fastest here; the
+    kernel per row count in use is ``linear_kernels``) and, with
     grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
     (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
     the same linear layers.
@@ -157,9 +157,9 @@ class TargetModel:
                 parse_layout(linear_layout)
             except ValueError as e:
                 raise ValueError(f"{CPU_KERNELS_ENV}={linear_layout!r}: {e}" if from_env else str(e)) from None
-        # the linear kernels in use for 1-2 and 3-16 rows (None: the CPU kernels are off,
+        # the linear kernel in use per row count, 1..16 (None: the CPU kernels are off,
         # or there are no fp32 CPU linear layers to run them on)
-        self.linear_kernels: tuple[str, str] | None = None
+        self.linear_kernels: tuple[str, ...] | None = None
         if self.cpu_kernels:
             self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout)
             use_gqa_sdpa(self.model)
