@@ -1,7 +1,7 @@
 """CPU kernels for few-row forwards (speculative verification on a CPU).
 
 * :mod:`clover.kernels.linear`: ``nn.Linear`` layers for a handful of rows, per row
-  range the kernel measured fastest on this machine (the transposed MKL product, or
+  count the kernel measured fastest on this machine (MKL's product in either layout, or
   oneDNN's pre-packed weights).
 * :mod:`clover.kernels.attention`: grouped-query attention under SDPA without
   materialising the repeated KV heads.
