@@ -39,7 +39,6 @@ from typing import Sequence
 import torch
 
 from clover.cache import crop_cache, new_cache
-from clover.kernels.linear import describe_layout
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -466,7 +465,7 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     """What an auto-tree choice depends on: the target (name, fingerprint, dtype, device),
     a hash of the heads' weights, the base tree, the torch thread count, the processor,
     the versions of torch, transformers and this library, the target's CPU linear kernels
-    (``TargetModel.linear_kernels``), how budgets are timed (:data:`TIMING`), and the
+    (``TargetModel.linear_kernels_text``), how budgets are timed (:data:`TIMING`), and the
     batch size (named only above 1)."""
     import hashlib
     import platform
@@ -494,10 +493,9 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
         except PackageNotFoundError:  # a source checkout that was never installed
             versions.append(f"{package}=?")
     fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
-    kernels = getattr(target, "linear_kernels", None)
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
-                     f"kernels={describe_layout(kernels) if kernels else 'off'}",
+                     f"kernels={getattr(target, 'linear_kernels_text', 'off')}",
                      f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False)),
                      f"timing={TIMING}"]
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))

@@ -188,6 +188,7 @@ def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
     with pytest.raises(ValueError, match="unknown linear layout 'fast'"):
         target()
     assert on.cpu_kernels and not off.cpu_kernels and off.linear_kernels is None
+    assert on.linear_kernels_text == describe_layout(parse_layout(layout)) and off.linear_kernels_text == "off"
     assert any(type(m) is FewRowLinear for m in on.model.modules())
     assert not any(isinstance(m, FewRowLinear) for m in off.model.modules())
     assert off.config._attn_implementation != "clover_sdpa"

@@ -122,8 +122,6 @@ def machine_info(target) -> dict:
             "date": __import__("datetime").date.today().isoformat()}
     if target.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(target.device)
-    kernels = getattr(target, "linear_kernels", None)
-    if kernels:  # the CPU linear kernel per row count (clover.kernels.linear)
-        from clover.kernels.linear import describe_layout
-        info["linear_kernels"] = describe_layout(kernels)
+    if getattr(target, "linear_kernels", None):  # the CPU linear kernel per row count
+        info["linear_kernels"] = target.linear_kernels_text
     return info

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from clover.kernels.attention import use_gqa_sdpa
-from clover.kernels.linear import cpu_linear, parse_layout, set_layout, use_few_row_linears
+from clover.kernels.linear import cpu_linear, describe_layout, parse_layout, set_layout, use_few_row_linears
 from clover.models.embedded import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_model_dir
 from clover.models.fingerprint import target_fingerprint
 
@@ -185,6 +185,11 @@ class TargetModel:
         self._captured = threading.local()
         self.feature_layers: tuple[int, ...] = ()  # see capture_layers
         self.final_norm.register_forward_hook(self._capture)
+
+    @property
+    def linear_kernels_text(self) -> str:
+        """``linear_kernels`` in words, by row range ("plain 1-3, packed 4-16"), or "off"."""
+        return describe_layout(self.linear_kernels) if self.linear_kernels else "off"
 
     def adopt(self, heads: nn.Module) -> nn.Module:
         """Give draft heads this target's CPU kernels (in place; returns ``heads``): with
