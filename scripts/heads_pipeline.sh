@@ -101,7 +101,7 @@ CONTINUE_LR="${CONTINUE_LR:-2e-4}"
 stamp() { sha256sum "assets/heads/$1/model.safetensors" | cut -c1-8; }  # which heads a run continues
 # Continuations also learn from the weak-task answers (translation and summarisation from
 # real text, docs/training.md; v10 was the first such round): every prompt file
-# scripts/weak_task_prompts.py wrote under the cache (scripts/data_pipeline.sh steps 4-5)
+# scripts/weak_task_prompts.py wrote under the cache (scripts/data_pipeline.sh steps 4-6)
 # has its answers completed here first (clover data resumes; nothing to do once done),
 # and the run names say how many sets, so a run made with other data is never taken for
 # this one. Their hidden states extend a copy of the v3 cache (the copy saves
