@@ -264,7 +264,7 @@ def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, ...] | None
     pass, so the weights stream from memory as in a forward; the best of ``repeats``
     passes, the kernels interleaved), at each row count of :data:`ROW_POINTS`, and give
     every layer the fastest kernel of each count (a count between two takes the one
-    below's). About 3 s for SmolLM2-135M on a 2-core CPU.
+    below's). About 4 s for SmolLM2-135M on a 2-core CPU.
 
     Returns:
         the kernel per row count kept (:data:`MAX_ROWS` names), or None when there was
