@@ -40,9 +40,10 @@ layout, and why it is exact:
   (``draft_many``: Medusa makes one heads call over every row's hidden state, Clover and
   Clover-2 grow the rows' trees in lock step, one head step per depth) do so
   (:func:`clover.heads.drafter.draft_rows`). Likewise each row's drafter observes its
-  accepted states, and rows that can observe together (``observe_many``: Clover runs its
-  Augmenting Block once over every row's new positions) do so
-  (:func:`clover.heads.drafter.observe_rows`).
+  accepted states, and rows that can observe together (``observe_many``) do so
+  (:func:`clover.heads.drafter.observe_rows`). Clover and Clover-2 queue the states and
+  run their Augmenting Blocks when they next draft, once over every drafting row's
+  waiting positions.
 * Accept: per row, on that row's own N_b logits.
 * Update cache: row b's accepted nodes move from columns ``P + path`` to ``[L_b, L_b + m_b)``
   (:func:`clover.cache.compact_rows`): every row stays contiguous from column 0, and the
@@ -538,7 +539,7 @@ class BatchRun:
         rows = [_new_row(self.engine, b, p, cap, self._seed(b))
                 for b, (p, cap) in enumerate(zip(self.prompts, self.max_new_tokens))]
         waiting = [rows]
-        loop = StepLoop(self.engine, self.sampling, self.stop_strings, new_cache)
+        loop = StepLoop(self.engine, self.sampling, self.stop_strings, buffered_cache)
         for traces, _ in loop.run(lambda active, width: waiting.pop() if waiting else []):
             yield traces
         self.results = [loop.result(r) for r in rows]
@@ -586,7 +587,8 @@ class StepLoop:
         sampling: shared by every row; each row samples with its own generator.
         stop_strings: shared by every row.
         make_cache: builds an empty KV cache for a model config (``clover.cache.new_cache``,
-            or ``clover.cache.buffered_cache``: no copy of the whole cache per step).
+            or ``clover.cache.buffered_cache``: no copy of the whole cache per step, what
+            :class:`BatchRun` and :meth:`Engine.serve` use).
         trace_nodes: record each step's tree nodes (:class:`TreeNode`, the target's top
             tokens at each); when False, ``StepTrace.nodes`` is empty, every other field
             is kept.

@@ -355,3 +355,41 @@ def test_the_drafters_block_run_equals_the_transformers_forward(arch, kind, monk
     for a, b in zip(lean.layers, full.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+
+
+def test_clover_drafter_runs_its_block_only_when_it_drafts(monkeypatch):
+    """Clover's drafter queues the verified states and runs the Augmenting Block when a
+    tree is next grown: steps that draft no head tree (a lookup chain alone) cost no
+    block forward, and h_0 is still the block's output over every verified position,
+    alone and for rows drafting together."""
+    import clover.heads.clover as ch
+    from clover.heads.drafter import draft_rows, observe_rows
+    from clover.tree import TreeConfig
+
+    target = tiny_target("llama")
+    heads = perturb(new_heads("clover", target, num_heads=2), scale=0.2).float().eval()
+    runs, run = [], ch.run_augmenting_block
+    monkeypatch.setattr(ch, "run_augmenting_block", lambda *a: runs.append(a[1].shape[1]) or run(*a))
+    pre = torch.randn(2, 12, target.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        want = [heads.augment_hidden(pre[b: b + 1], None, 0)[0] for b in range(2)]  # (T, D) per row
+        runs.clear()
+        drafter = heads.drafter(target, TreeConfig())
+        for start, t in ((0, 6), (6, 2), (8, 3)):  # a prefill and two steps with no head tree
+            drafter.observe(pre[0, start: start + t], pre[0, start: start + t], list(range(t)))
+        assert runs == []
+        tree = drafter.draft(4, 2)
+        assert runs == [11] and len(tree) > 1  # one block run over the 11 waiting positions
+        torch.testing.assert_close(drafter.state, want[0][10], atol=1e-5, rtol=1e-4)
+        drafter.observe(pre[0, 11:12], pre[0, 11:12], [7])
+        drafter.draft(4, 0)  # nothing to draft: the block does not run
+        assert runs == [11] and drafter.length == 11
+        torch.testing.assert_close(drafter.state, want[0][11], atol=1e-5, rtol=1e-4)
+
+        rows = [heads.drafter(target, TreeConfig()) for _ in range(2)]
+        observe_rows(rows, [pre[0, :7], pre[1, :5]], [pre[0, :7], pre[1, :5]], [[0] * 7, [0] * 5])
+        observe_rows(rows, [pre[0, 7:9], pre[1, 5:6]], [pre[0, 7:9], pre[1, 5:6]], [[0] * 2, [0]])
+        draft_rows(rows, [4, 4], [2, 2])  # one block forward over both rows' waiting positions
+        assert [r.length for r in rows] == [9, 6] and not any(r.waiting for r in rows)
+        torch.testing.assert_close(rows[0].state, want[0][8], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(rows[1].state, want[1][5], atol=1e-5, rtol=1e-4)

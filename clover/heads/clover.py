@@ -413,35 +413,68 @@ class CloverHeads(DraftHeads):
 
 
 class CloverDrafter(RecurrentDrafter):
-    """Per-run Clover state: the Augmenting Block's KV cache and its last output h_0."""
+    """Per-run Clover state: the Augmenting Block's KV cache, the verified hidden states
+    still waiting to enter it, and its last output h_0.
+
+    :meth:`observe` only queues the verified states; the block runs over everything
+    queued when a tree is next grown (:meth:`prepare`). A step that drafts no head tree
+    (a lookup chain alone, ``clover.lookup.HybridDrafter``) then costs no block forward,
+    and the drafting time the hybrid measures for the heads includes the block's. The
+    block's outputs are the same either way: it is causal, and every queued position is
+    verified.
+    """
 
     def __init__(self, heads: CloverHeads, target, tree: TreeConfig):
         from transformers import DynamicCache
 
         super().__init__(heads, target, tree)
         self.cache = DynamicCache(config=heads.augment.config)
-        self.length = 0
+        self.length = 0  # positions in the block's cache
+        self.waiting: list[torch.Tensor] = []  # (T, D) verified states not yet in the block
         self.h0: torch.Tensor | None = None  # (D,)
 
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor, tokens=()) -> None:
-        out = self.heads.augment_hidden(hidden_pre.unsqueeze(0), self.cache, self.length)
-        self.length += hidden_pre.shape[0]
-        self.h0 = out[0, -1]
+        self.waiting.append(hidden_pre)
+
+    def _run_block(self) -> None:
+        """Run the Augmenting Block over the waiting positions (h_0: the last one's output)."""
+        hidden = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+        out = self.heads.augment_hidden(hidden.unsqueeze(0), self.cache, self.length)
+        self.length += hidden.shape[0]
+        self.h0, self.waiting = out[0, -1], []
 
     @property
     def state(self) -> torch.Tensor | None:
+        """h_0 at the last verified position (the block first runs over what waits)."""
+        if self.waiting:
+            self._run_block()
         return self.h0
 
     @staticmethod
     def observe_many(drafters: list["CloverDrafter"], hidden_pre: list[torch.Tensor],
                      hidden_post: list[torch.Tensor], tokens: list) -> None:
-        """:meth:`observe` for several rows of a batch sharing one set of heads: one
-        Augmenting Block forward over every row's new positions
-        (:func:`run_augmenting_rows`), each row's block cache then holding exactly its own."""
+        """:meth:`observe` for several rows: each queues its own states."""
+        for d, h in zip(drafters, hidden_pre):
+            d.waiting.append(h)
+
+    @staticmethod
+    def _run_blocks(drafters: list["CloverDrafter"]) -> None:
+        """:meth:`_run_block` for several rows sharing one set of heads: one Augmenting
+        Block forward over every row's waiting positions (:func:`run_augmenting_rows`),
+        each row's block cache then holding exactly its own."""
         first = drafters[0]
-        outs = run_augmenting_rows(first.heads.augment, [first.heads.block_input(h) for h in hidden_pre],
-                                   [d.cache for d in drafters],
-                                   [d.length for d in drafters])
-        for d, h, out in zip(drafters, hidden_pre, outs):
+        hidden = [torch.cat(d.waiting) if len(d.waiting) > 1 else d.waiting[0] for d in drafters]
+        outs = run_augmenting_rows(first.heads.augment, [first.heads.block_input(h) for h in hidden],
+                                   [d.cache for d in drafters], [d.length for d in drafters])
+        for d, h, out in zip(drafters, hidden, outs):
             d.length += h.shape[0]
-            d.h0 = out[-1]
+            d.h0, d.waiting = out[-1], []
+
+    @classmethod
+    def prepare(cls, drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[int]:
+        """The rows that draft run their blocks together over their waiting positions
+        (:meth:`_run_blocks`), then each is ready when it has a state."""
+        waiting = [d for d, depth in zip(drafters, max_depths) if depth > 0 and d.waiting]
+        if len(waiting) > 1:
+            cls._run_blocks(waiting)
+        return super().prepare(drafters, roots, max_depths)
