@@ -62,6 +62,16 @@ CALIBRATION_PROMPTS = (
     "Write a Python function that merges two sorted lists into one sorted list.",
 )
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Tokens of the target's own answer per calibration prompt over which tau is measured.
+# An answer's first tokens are the hardest to draft, so a short calibration text
+# under-rates every budget and a second drafted token most: on a 2-core CPU (2026-12-06,
+# v11 heads) 32 tokens gave Clover tau 1.38 / 1.53 at one / two drafted tokens (expected
+# 1.286x / 1.288x plain, so one was kept) and 128 gave 1.46 / 1.69 (1.37x / 1.43x, two
+# chosen; Medusa likewise); in the engine, on 13 Spec-Bench questions of 128 tokens, two
+# drafted tokens decoded faster for every head method (Clover 1.313x -> 1.345x plain,
+# Medusa 1.22x -> 1.26x, Clover + lookup 1.387x -> 1.414x, Medusa + lookup 1.363x ->
+# 1.381x). 128 is also what the benchmark decodes by default (the app: 64).
+CALIBRATION_TOKENS = 128
 # The expected speedup a tree must reach to be used at all: below it, timing noise could
 # make speculation a loss (two interleaved calibrations on this 2-core CPU differ by up to
 # 3% in their expected speedup).
@@ -76,8 +86,9 @@ MIN_GAIN = 1.05
 TIE_MARGIN = 0.03
 # How auto_tree times a budget, part of every stored choice's key: a choice measured
 # another way is measured again (2: drafting timed with the state refresh, after a
-# forward; 3: ties within TIE_MARGIN go to the smaller budget)
-TIMING = 3
+# forward; 3: ties within TIE_MARGIN go to the smaller budget; 4: tau over
+# CALIBRATION_TOKENS = 128 tokens per prompt instead of 32)
+TIMING = 4
 
 
 # A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
@@ -329,7 +340,7 @@ def pick_budget(speed: Sequence[float], margin: float = TIE_MARGIN) -> int:
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
-              prompts=CALIBRATION_PROMPTS, tokens: int = 32, repeats: int = 7,
+              prompts=CALIBRATION_PROMPTS, tokens: int = CALIBRATION_TOKENS, repeats: int = 7,
               prefix_len: int = 256, batch_size: int = 1) -> tuple[TreeConfig, AutoTreeReport]:
     """Pick the dynamic tree budget that maximises expected tokens/s (the smallest within
     :data:`TIE_MARGIN` of the fastest, :func:`pick_budget`), or no tree (kind
