@@ -436,12 +436,19 @@ class CloverDrafter(RecurrentDrafter):
     def observe(self, hidden_pre: torch.Tensor, hidden_post: torch.Tensor, tokens=()) -> None:
         self.waiting.append(hidden_pre)
 
+    def _take_waiting(self) -> torch.Tensor:
+        """(T, D) the waiting states, in order, now entering the block (the queue empties
+        and ``length`` counts them)."""
+        hidden = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+        self.waiting = []
+        self.length += hidden.shape[0]
+        return hidden
+
     def _run_block(self) -> None:
         """Run the Augmenting Block over the waiting positions (h_0: the last one's output)."""
-        hidden = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
-        out = self.heads.augment_hidden(hidden.unsqueeze(0), self.cache, self.length)
-        self.length += hidden.shape[0]
-        self.h0, self.waiting = out[0, -1], []
+        start = self.length
+        out = self.heads.augment_hidden(self._take_waiting().unsqueeze(0), self.cache, start)
+        self.h0 = out[0, -1]
 
     @property
     def state(self) -> torch.Tensor | None:
@@ -463,12 +470,11 @@ class CloverDrafter(RecurrentDrafter):
         Block forward over every row's waiting positions (:func:`run_augmenting_rows`),
         each row's block cache then holding exactly its own."""
         first = drafters[0]
-        hidden = [torch.cat(d.waiting) if len(d.waiting) > 1 else d.waiting[0] for d in drafters]
-        outs = run_augmenting_rows(first.heads.augment, [first.heads.block_input(h) for h in hidden],
-                                   [d.cache for d in drafters], [d.length for d in drafters])
-        for d, h, out in zip(drafters, hidden, outs):
-            d.length += h.shape[0]
-            d.h0, d.waiting = out[-1], []
+        starts = [d.length for d in drafters]
+        hidden = [first.heads.block_input(d._take_waiting()) for d in drafters]
+        outs = run_augmenting_rows(first.heads.augment, hidden, [d.cache for d in drafters], starts)
+        for d, out in zip(drafters, outs):
+            d.h0 = out[-1]
 
     @classmethod
     def prepare(cls, drafters: list["CloverDrafter"], roots: list[int], max_depths: list[int]) -> list[int]:
