@@ -339,6 +339,63 @@ def pick_budget(speed: Sequence[float], margin: float = TIE_MARGIN) -> int:
     return next(i for i, v in enumerate(speed) if v >= (1 - margin) * top)
 
 
+@dataclass(frozen=True)
+class CalibrationText:
+    """One calibration prompt with the target's greedy answer and its hidden states.
+
+    Attributes:
+        prompt_len: tokens of the chat-formatted prompt (P).
+        token_ids: prompt then answer, P + A token ids.
+        hidden_pre / hidden_post: (P + A, D) the target's features at every position
+            (``TargetOutput``; D includes the packed feature layers of a target that
+            captures them).
+    """
+
+    prompt_len: int
+    token_ids: list[int]
+    hidden_pre: torch.Tensor
+    hidden_post: torch.Tensor
+
+
+# target -> {(prompts, tokens, feature layers): [CalibrationText]}, for the target's life
+_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TEXTS_LOCK = threading.Lock()
+
+
+def calibration_texts(target, prompts=CALIBRATION_PROMPTS,
+                      tokens: int = CALIBRATION_TOKENS) -> list[CalibrationText]:
+    """The target's greedy answers to ``prompts`` (up to ``tokens`` each; fewer where the
+    model's context is short, none for a prompt that leaves under 2 tokens of room), with
+    its hidden states over prompt and answer: the text :func:`auto_tree` measures tau on.
+
+    They depend on the target alone, so they are made once per target, encoded prompts,
+    length and captured feature layers and held for the target's life: every heads calibrated
+    on the same target (the app's Medusa, Clover and Clover-2, the tests' fixtures) reads
+    the same text instead of decoding it again (7 prompts x 128 tokens, about 30 s on a
+    2-core CPU).
+
+    Returns:
+        one :class:`CalibrationText` per prompt that fits, in order.
+    """
+    encoded = tuple(tuple(encode_prompt(target.tokenizer, p)) for p in prompts)  # as templated now
+    key = (encoded, int(tokens), tuple(target.feature_layers))
+    with _TEXTS_LOCK:
+        held = _TEXTS.setdefault(target, {})
+        if key not in held:
+            texts = []
+            with torch.inference_mode():
+                for ids in map(list, encoded):
+                    n = min(tokens, target.max_context - len(ids))
+                    if n < 2:
+                        continue
+                    seq = ids + Engine(target).generate(ids, n).token_ids
+                    out = target.forward(torch.tensor([seq], device=target.device),
+                                         torch.arange(len(seq), device=target.device)[None], None, None)
+                    texts.append(CalibrationText(len(ids), seq, out.hidden_pre, out.hidden_post))
+            held[key] = texts
+        return list(held[key])
+
+
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = CALIBRATION_TOKENS, repeats: int = 7,
               prefix_len: int = 256, batch_size: int = 1) -> tuple[TreeConfig, AutoTreeReport]:
@@ -378,24 +435,16 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
     # tau(N) from the calibration text
     lengths = {b: [] for b in budgets}
     with torch.inference_mode():
-        for p in prompts:
-            ids = encode_prompt(target.tokenizer, p)
-            n = min(tokens, target.max_context - len(ids))
-            if n < 2:
-                continue
-            answer = Engine(target).generate(ids, n).token_ids
-            seq = ids + answer
-            out = target.forward(torch.tensor([seq], device=target.device),
-                                 torch.arange(len(seq), device=target.device)[None], None, None)
+        for text in calibration_texts(target, prompts, tokens):
+            seq, start = text.token_ids, text.prompt_len - 1
             drafter = heads.drafter(target, big)
-            drafter.observe(out.hidden_pre[: len(ids) - 1], out.hidden_post[: len(ids) - 1],
-                            seq[: len(ids) - 1])
-            for pos in range(len(ids) - 1, len(seq) - 1):  # root = seq[pos]
+            drafter.observe(text.hidden_pre[:start], text.hidden_post[:start], seq[:start])
+            for pos in range(start, len(seq) - 1):  # root = seq[pos]
                 tree = drafter.draft(seq[pos], depth)
                 truth = seq[pos + 1: pos + 1 + depth]
                 for b in budgets:
                     lengths[b].append(greedy_accepted_length(tree, budget_subtree(tree, b), truth))
-                drafter.observe(out.hidden_pre[pos: pos + 1], out.hidden_post[pos: pos + 1], seq[pos: pos + 1])
+                drafter.observe(text.hidden_pre[pos: pos + 1], text.hidden_post[pos: pos + 1], seq[pos: pos + 1])
     if not lengths[budgets[0]]:
         log.warning("auto tree: no calibration prompt fits the model's context of %d; "
                     "keeping the default tree", target.max_context)

@@ -306,3 +306,36 @@ def test_padded_widths_pad_only_where_a_wider_forward_is_clearly_cheaper():
     assert padded_widths(list(range(1, 9)), 8) == tuple(range(1, 9))  # rising costs: no padding
     with pytest.raises(ValueError, match="at least 20"):
         padded_widths(costs, 20)
+
+
+def test_calibration_text_is_decoded_once_per_target(monkeypatch):
+    """Every heads calibrated on one target read the same plain answers: the target decodes
+    them once, and the choice is the one a fresh decode gives."""
+    import clover.autotree as at
+
+    target = tiny_target("llama", vocab_size=64)
+    decoded = []
+    real = Engine.generate
+
+    def counting(self, ids, *args, **kwargs):
+        decoded.append(list(ids))
+        return real(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", counting)
+    prompts = at.CALIBRATION_PROMPTS[:3]
+    texts = at.calibration_texts(target, prompts, tokens=8)
+    assert len(decoded) == 3 and [t.prompt_len for t in texts] == [len(ids) for ids in decoded]
+    for t, ids in zip(texts, decoded):
+        assert t.token_ids[: t.prompt_len] == ids and len(t.token_ids) == len(ids) + 8
+        assert t.hidden_pre.shape == t.hidden_post.shape == (len(t.token_ids), target.hidden_size)
+    medusa, clover = new_heads("medusa", target, num_heads=2), new_heads("clover", target, num_heads=2)
+    one = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
+           for h in (medusa, clover)]
+    assert len(decoded) == 3  # both heads measured on the held text
+    at._TEXTS.clear()
+    again = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
+             for h in (medusa, clover)]
+    assert len(decoded) == 6 and again == one  # decoded afresh once, same acceptance
+    # another length or prompt set is another text
+    at.calibration_texts(target, prompts[:1], tokens=4)
+    assert len(decoded) == 7
