@@ -1,8 +1,8 @@
 """Self-distillation data and head training on a tiny random model (CPU, seconds)."""
 from __future__ import annotations
 
-from dataclasses import replace
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -314,6 +314,39 @@ def test_hidden_cache_file_is_shared_between_runs(tmp_path, tiny_data):
         HiddenCache(tiny_target("qwen2"), path=file)
     with pytest.raises(ValueError, match="hidden states of another target"):
         HiddenCache(tiny_target("llama", eos=1, seed=5), path=file)  # same name, other weights
+    with pytest.raises(ValueError, match="computed in fp32.*computed in bf16"):
+        HiddenCache(target, path=file, precision="bf16")  # states of one precision only
+
+
+def test_hidden_states_in_bf16_autocast(tmp_path, tiny_data):
+    """hidden_precision "bf16": the states come back in the target's dtype, close to fp32's
+    but not equal (so the option does something), a training run reads them, and their
+    file is refused by an fp32 cache."""
+    from clover.training.data import collate
+    from clover.training.hidden_cache import HiddenCache, target_hidden
+
+    target, data = tiny_data
+    ids = torch.arange(4, 40).reshape(2, 18)
+    (pre32, _), (pre16, post16) = target_hidden(target, ids), target_hidden(target, ids, precision="bf16")
+    assert pre16.dtype == post16.dtype == target.dtype and pre16.shape == pre32.shape
+    cos = torch.nn.functional.cosine_similarity(pre16, pre32, dim=-1)
+    assert cos.min() > 0.99 and not torch.equal(pre16, pre32)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+        target_hidden(target, ids, precision="fp8")
+    with pytest.raises(ValueError, match="hidden_precision must be one of fp32, bf16"):
+        TrainConfig(hidden_precision="fp16")
+    cfg = TrainConfig(method="clover", steps=2, batch_size=2, positions=4, eval_every=0, save_every=0,
+                      heldout_percent=30, eval_conversations=4, hidden_precision="bf16")
+    file = tmp_path / "hidden-bf16.safetensors"
+    train(target, data, tmp_path / "run", cfg, progress=False, hidden_cache=file)
+    assert json.loads((tmp_path / "run" / "training.json").read_text())["config"]["hidden_precision"] == "bf16"
+    train_set, _ = load_split(data, cfg)
+    cache = HiddenCache(target, path=file, precision="bf16")
+    ids, _ = collate([train_set[0]], 0)
+    stored = cache.store[train_set[0]["key"]].float()
+    assert torch.allclose(stored, target_hidden(target, ids, precision="bf16")[0][0], rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="computed in bf16.*computed in fp32"):
+        HiddenCache(target, path=file)
 
 
 def test_training_with_a_draft_vocabulary(tmp_path, tiny_data):
@@ -628,7 +661,7 @@ def test_multi_layer_features_cache_train_and_start_from_the_plain_input(tmp_pat
         check_fits(HeadConfig.for_target("clover", target, fuse_layers=[1]), target)
     with pytest.raises(ValueError, match="do not exist"):
         target.layer_states(ids, [2])
-    with pytest.raises(ValueError, match="another target or layer .*layer 0\\), not of .*layer last\\)"):
+    with pytest.raises(ValueError, match="another target, layer or precision .*layer 0, .*not of .*layer last, "):
         HiddenCache(target, path=layer_file)  # a layer's file is not the last layer's
 
 

@@ -20,12 +20,36 @@ import torch
 from clover.training.data import collate
 
 
-def target_hidden(target, ids: torch.Tensor, layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+PRECISIONS = ("fp32", "bf16")  # the target's dtype as it is, or bf16 autocast
+
+
+def _autocast(target, precision: str):
+    """The context a training forward of the target runs in for ``precision``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"hidden-state precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def target_hidden(target, ids: torch.Tensor, layers: Sequence[int] = (),
+                  precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
     """Frozen target over a batch: (B, T, D) hidden states before and after the final norm;
     with ``layers`` the first is the packed (B, T, D x (1 + n)) features of
-    ``HeadConfig.fuse_layers``: the last layer's state, then each of those layers' outputs."""
-    with torch.no_grad():
-        return target.hidden_states(ids, layers)
+    ``HeadConfig.fuse_layers``: the last layer's state, then each of those layers' outputs.
+
+    ``precision``: "fp32" runs the target as loaded (as decoding does); "bf16" runs it
+    under bf16 autocast and returns the states in the target's dtype. On a CPU with
+    AVX-512 BF16 / AMX a batch runs about 2.5x faster, and the states differ by about
+    1.2% (relative L2; cosine 0.9999): the shipped v11 heads scored on the 48 held-out
+    training conversations with such features lost under 0.1 point of head-1 top-1
+    (Clover 60.70% -> 60.74%, Medusa 43.03% -> 42.96%; chain tau equal to 3 decimals;
+    2026-12-06), so training may read them.
+
+    Raises:
+        ValueError: an unknown ``precision``.
+    """
+    with torch.no_grad(), _autocast(target, precision):
+        pre, post = target.hidden_states(ids, layers)
+    return pre.to(target.dtype), post.to(target.dtype)
 
 
 class HiddenCache:
@@ -39,7 +63,9 @@ class HiddenCache:
     safetensors file (about T x D x 2 bytes per conversation): loaded when it exists and
     was written for the same target, extended by :meth:`fill` and written back by
     :meth:`save`, so a Medusa and a Clover run on the same data pay for the target's
-    forward passes once.
+    forward passes once. ``precision`` "bf16" computes the states under bf16 autocast
+    (:func:`target_hidden`: about 2.5x faster on a CPU with AMX); a file records it, and
+    states of one precision are never mixed into a file of the other.
 
     With ``layers`` (decoder layer indices, 0-based: the multi-layer features of
     ``HeadConfig.fuse_layers``) it also keeps those layers' outputs, each in its own file
@@ -48,14 +74,18 @@ class HiddenCache:
     deepest layer asked. Calls then return the packed features (see :meth:`__call__`).
 
     Raises:
-        ValueError: when ``path`` holds states of another target: its name, dtype or a
-            fingerprint of its weights differ (two builds of one model, e.g. a quantised
+        ValueError: an unknown ``precision``, or ``path`` holding states of another
+            target or precision: its name, dtype, a fingerprint of its weights or the
+            precision differ (two builds of one model, e.g. a quantised
             GGUF and the hub weights, share a name but not their hidden states).
     """
 
     def __init__(self, target, enabled: bool = True, path: str | Path | None = None,
-                 write: bool = True, store_dtype: torch.dtype = torch.float16, layers: Sequence[int] = ()):
+                 write: bool = True, store_dtype: torch.dtype = torch.float16, layers: Sequence[int] = (),
+                 precision: str = "fp32"):
+        _autocast(target, precision)  # raises on an unknown precision
         self.target, self.enabled, self.write = target, enabled, write
+        self.precision = precision
         self.store_dtype = store_dtype
         self.path = Path(path) if path else None
         self.layers = tuple(int(layer) for layer in layers)
@@ -79,17 +109,20 @@ class HiddenCache:
         want = self.metadata(layer)
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-            if any(meta.get(k) != want.get(k) for k in {*want, "layer"}):
-                raise ValueError(f"{path} holds hidden states of another target or layer "
+            if any(meta.get(k) != want.get(k) for k in {*want, "layer", "precision"}):
+                raise ValueError(f"{path} holds hidden states of another target, layer or precision "
                                  f"({meta.get('target')!r}, {meta.get('dtype')}, weights "
-                                 f"{meta.get('fingerprint')}, layer {meta.get('layer', 'last')}), not of "
+                                 f"{meta.get('fingerprint')}, layer {meta.get('layer', 'last')}, computed in "
+                                 f"{meta.get('precision', 'fp32')}), not of "
                                  f"{self.target.name!r} ({want['dtype']}, weights {want['fingerprint']}, "
-                                 f"layer {want.get('layer', 'last')}); delete it or pass another file")
+                                 f"layer {want.get('layer', 'last')}, computed in {self.precision}); "
+                                 f"delete it or pass another file")
             return {k: f.get_tensor(k) for k in f.keys()}
 
     def metadata(self, layer: int | None = None) -> dict[str, str]:
         """What identifies the target's states: name, hidden size, dtype and a hash of its
-        lm_head and last-layer weights (and, for a decoder layer's own file, its index)."""
+        lm_head and last-layer weights (and, for a decoder layer's own file, its index;
+        for states computed under autocast, that precision)."""
         import hashlib
 
         from clover.models import decoder_layers
@@ -102,6 +135,8 @@ class HiddenCache:
                 "dtype": str(self.target.dtype).replace("torch.", ""), "fingerprint": h.hexdigest()[:16]}
         if layer is not None:
             meta["layer"] = str(layer)
+        if self.precision != "fp32":  # files written before the option are fp32 ones
+            meta["precision"] = self.precision
         return meta
 
     def _keep(self, store: dict, key, state: torch.Tensor) -> None:
@@ -119,12 +154,12 @@ class HiddenCache:
         layers' outputs, concatenated (D' = D x (1 + len(layers)); the packed features
         of ``HeadConfig.fuse_layers``), and the last layer's after the final norm."""
         if not self.enabled:
-            return target_hidden(self.target, ids, self.layers)
+            return target_hidden(self.target, ids, self.layers, self.precision)
         D = self.target.hidden_size
         todo = [i for i, k in enumerate(keys) if k not in self.store]
         if todo:  # the last layer's states, with the layers' from the same call
             width = max(lengths[i] for i in todo)
-            pre, _ = target_hidden(self.target, ids[todo, :width], self.layers)
+            pre, _ = target_hidden(self.target, ids[todo, :width], self.layers, self.precision)
             for j, i in enumerate(todo):
                 self._keep(self.store, keys[i], pre[j, : lengths[i], :D])
                 for n, layer in enumerate(self.layers, 1):
@@ -134,7 +169,7 @@ class HiddenCache:
         todo = [i for i, k in enumerate(keys) if any(k not in s for s in self.layer_stores.values())]
         if todo:  # only the layers up to the deepest asked run
             width = max(lengths[i] for i in todo)
-            with torch.no_grad():
+            with torch.no_grad(), _autocast(self.target, self.precision):
                 states = self.target.layer_states(ids[todo, :width], self.layers)
             for layer, state in zip(self.layers, states):
                 for j, i in enumerate(todo):

@@ -448,7 +448,8 @@ def train(target, data_dir, out_dir: str | Path, cfg: TrainConfig,
     heads, opt = accelerator.prepare(heads, opt)
     raw = accelerator.unwrap_model(heads)
     hidden = HiddenCache(target, enabled=cache_hidden or hidden_cache is not None, path=hidden_cache,
-                         write=accelerator.is_main_process, layers=raw.config.fuse_layers)
+                         write=accelerator.is_main_process, layers=raw.config.fuse_layers,
+                         precision=cfg.hidden_precision)
     if hidden_cache is not None:
         hidden.fill(train_set + held[: cfg.eval_conversations], pad, progress=progress)
     rng = random.Random(cfg.seed * 7919 + state["step"])
