@@ -332,7 +332,7 @@ def test_calibration_text_is_decoded_once_per_target(monkeypatch):
     one = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
            for h in (medusa, clover)]
     assert len(decoded) == 3  # both heads measured on the held text
-    at._TEXTS.clear()
+    at._TEXTS.pop(target)  # this target's text only
     again = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
              for h in (medusa, clover)]
     assert len(decoded) == 6 and again == one  # decoded afresh once, same acceptance

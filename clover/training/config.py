@@ -10,12 +10,15 @@ from dataclasses import dataclass, replace
 
 from clover.methods import HEAD_KINDS
 
+# the precisions the target's hidden states are computed in for training: its dtype as
+# loaded, or bf16 autocast (``clover.training.hidden_cache``)
+HIDDEN_PRECISIONS = ("fp32", "bf16")
 # the fields that take one of a few words (``clover train`` offers them as choices)
 CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": ("cosine", "constant"),
     "mixed_precision": ("no", "bf16", "fp16"),
     "select": ("chain", "last"),
-    "hidden_precision": ("fp32", "bf16"),
+    "hidden_precision": HIDDEN_PRECISIONS,
 }
 
 

@@ -17,16 +17,15 @@ from typing import Sequence
 
 import torch
 
+from clover.training.config import HIDDEN_PRECISIONS
 from clover.training.data import collate
-
-
-PRECISIONS = ("fp32", "bf16")  # the target's dtype as it is, or bf16 autocast
 
 
 def _autocast(target, precision: str):
     """The context a training forward of the target runs in for ``precision``."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"hidden-state precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision not in HIDDEN_PRECISIONS:
+        raise ValueError(f"hidden-state precision must be one of {', '.join(HIDDEN_PRECISIONS)}, "
+                         f"got {precision!r}")
     return torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
