@@ -29,6 +29,8 @@ def svg(curve: dict) -> str:
     cont = curve.get("continuation", {}).get("points", [])
     series = {kind: [(c["position_visits"] / 1e6, 100 * c[kind]["heldout_top1"]) for c in cont]
               for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
+    shipped = [c.get("shipped", True) for c in cont]  # a round not shipped: an open circle
+    last = next((c["heads"] for c in reversed(cont) if c.get("shipped", True)), "")
     xs, ys = zip(*pts, (rx, ry), *(p for line in series.values() for p in line))
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
     y0, y1 = 25.0, max(60.0, 10 * math.ceil(max(ys) / 10))  # gridlines every 10 points
@@ -60,20 +62,26 @@ def svg(curve: dict) -> str:
             continue
         d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(line))
         out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="6 3"/>')
-        out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="{colour}"/>' for x, y in line]
-        legend.append((colour, True, f"{kind.capitalize()}: the shipped v3 continued to v{len(line) + 2} "
+        out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="{colour if s else "white"}" '
+                f'stroke="{colour}"/>' for (x, y), s in zip(line, shipped)]
+        legend.append((colour, True, f"{kind.capitalize()}: the shipped v3 continued to {last} "
                                      "(equal compute)"))
     path = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(pts))
     out.append(f'<path d="{path}" fill="none" stroke="#2ca02c" stroke-width="2"/>')
     out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#2ca02c"/>' for x, y in pts]
     out.append(f'<rect x="{X(rx) - 4:.1f}" y="{Y(ry) - 4:.1f}" width="8" height="8" fill="#d62728"/>')
     out.append(f'<text x="{X(rx) + 8:.1f}" y="{Y(ry) + 16:.1f}" fill="#d62728">shipped v3 (sampled positions)</text>')
+    if not all(shipped):
+        legend.append(("#555555", None, "open circle: a round not shipped"))
     lx, ly = w - right - 330, Y(37.5)  # the legend, in the empty lower right
     for i, (colour, dashed, label) in enumerate(legend):
         y = ly + 18 * i
         dash = ' stroke-dasharray="6 3"' if dashed else ""
-        out.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{y - 4:.1f}" y2="{y - 4:.1f}" stroke="{colour}" '
-                   f'stroke-width="2"{dash}/>')
+        if dashed is None:  # a marker, not a line
+            out.append(f'<circle cx="{lx + 12}" cy="{y - 4:.1f}" r="3" fill="white" stroke="{colour}"/>')
+        else:
+            out.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{y - 4:.1f}" y2="{y - 4:.1f}" stroke="{colour}" '
+                       f'stroke-width="2"{dash}/>')
         out.append(f'<text x="{lx + 30}" y="{y:.1f}" fill="{colour}">{label}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
