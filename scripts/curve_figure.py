@@ -1,7 +1,8 @@
 """Draw the heads' compute curve (``assets/heads/curve.json``) as an SVG line chart:
 held-out head-1 top-1 against training position-visits: Clover from fresh heads, the
 shipped v3 heads as a marker, and the shipped heads' continuations (Clover and Medusa at
-equal compute) as dashed lines.
+equal compute) as dashed lines, a round that was not shipped (``"shipped": false``) as an
+open circle.
 
     python scripts/curve_figure.py            # writes assets/figures/compute_curve.svg
     python scripts/curve_figure.py --check    # exits 1 when the committed SVG is stale
