@@ -31,7 +31,7 @@ def svg(curve: dict) -> str:
     series = {kind: [(c["position_visits"] / 1e6, 100 * c[kind]["heldout_top1"]) for c in cont]
               for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
     shipped = [c.get("shipped", True) for c in cont]  # a round not shipped: an open circle
-    last = next((c["heads"] for c in reversed(cont) if c.get("shipped", True)), "")
+    last = next((c["heads"] for c, s in zip(reversed(cont), reversed(shipped)) if s), "")
     xs, ys = zip(*pts, (rx, ry), *(p for line in series.values() for p in line))
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
     y0, y1 = 25.0, max(60.0, 10 * math.ceil(max(ys) / 10))  # gridlines every 10 points
