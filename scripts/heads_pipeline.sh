@@ -138,7 +138,9 @@ MEDUSA_RUN="continue-medusa$W-$(stamp medusa)"
 FUSE=(--fuse-layers 15)
 run "$CLOVER_RUN" --preset smollm2-clover --init-heads assets/heads/clover "${FUSE[@]}" "${CONT[@]}"
 run "$MEDUSA_RUN" --preset smollm2-medusa --init-heads assets/heads/medusa "${CONT[@]}"
-EVAL="$CACHE/yardstick-$(stamp clover)-$(stamp medusa).json"
+# Named by the data as well as the heads continued: a round on other data from the same
+# heads (another weak-task count) gets its own scores.
+EVAL="$CACHE/yardstick$W-$(stamp clover)-$(stamp medusa).json"
 [ -f "$EVAL" ] || python scripts/heads_eval.py assets/heads/clover assets/heads/medusa \
   "$RUNS/$CLOVER_RUN" "$RUNS/$MEDUSA_RUN" --threads "$THREADS" --json "$EVAL"
 
