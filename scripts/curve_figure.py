@@ -1,8 +1,9 @@
 """Draw the heads' compute curve (``assets/heads/curve.json``) as an SVG line chart:
 held-out head-1 top-1 against training position-visits: Clover from fresh heads, the
 shipped v3 heads as a marker, and the shipped heads' continuations (Clover and Medusa at
-equal compute) as dashed lines, a round that was not shipped (``"shipped": false``) as an
-open circle.
+equal compute) as dashed lines through the shipped rounds, a round that was not shipped
+(``"shipped": false`` on the point, or on one kind's entry when only the other kind
+shipped) as an open circle off the line.
 
     python scripts/curve_figure.py            # writes assets/figures/compute_curve.svg
     python scripts/curve_figure.py --check    # exits 1 when the committed SVG is stale
@@ -30,8 +31,10 @@ def svg(curve: dict) -> str:
     cont = curve.get("continuation", {}).get("points", [])
     series = {kind: [(c["position_visits"] / 1e6, 100 * c[kind]["heldout_top1"]) for c in cont]
               for kind in ("clover", "medusa")}  # the shipped heads continued, equal compute
-    shipped = [c.get("shipped", True) for c in cont]  # a round not shipped: an open circle
-    last = next((c["heads"] for c, s in zip(reversed(cont), reversed(shipped)) if s), "")
+    shipped = {kind: [c[kind].get("shipped", c.get("shipped", True)) for c in cont]
+               for kind in series}  # a round not shipped: an open circle, off the line
+    last = {kind: next((c["heads"] for c, s in zip(reversed(cont), reversed(shipped[kind])) if s), "")
+            for kind in series}
     xs, ys = zip(*pts, (rx, ry), *(p for line in series.values() for p in line))
     x0, x1 = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
     y0, y1 = 25.0, max(60.0, 10 * math.ceil(max(ys) / 10))  # gridlines every 10 points
@@ -61,18 +64,19 @@ def svg(curve: dict) -> str:
         line = series[kind]
         if not line:
             continue
-        d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(line))
+        kept = [p for p, s in zip(line, shipped[kind]) if s]
+        d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(kept))
         out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="6 3"/>')
         out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="{colour if s else "white"}" '
-                f'stroke="{colour}"/>' for (x, y), s in zip(line, shipped)]
-        legend.append((colour, True, f"{kind.capitalize()}: the shipped v3 continued to {last} "
+                f'stroke="{colour}"/>' for (x, y), s in zip(line, shipped[kind])]
+        legend.append((colour, True, f"{kind.capitalize()}: the shipped v3 continued to {last[kind]} "
                                      "(equal compute)"))
     path = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(pts))
     out.append(f'<path d="{path}" fill="none" stroke="#2ca02c" stroke-width="2"/>')
     out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#2ca02c"/>' for x, y in pts]
     out.append(f'<rect x="{X(rx) - 4:.1f}" y="{Y(ry) - 4:.1f}" width="8" height="8" fill="#d62728"/>')
     out.append(f'<text x="{X(rx) + 8:.1f}" y="{Y(ry) + 16:.1f}" fill="#d62728">shipped v3 (sampled positions)</text>')
-    if not all(shipped):
+    if not all(s for kind in shipped for s in shipped[kind]):
         legend.append(("#555555", None, "open circle: a round not shipped"))
     lx, ly = w - right - 330, Y(37.5)  # the legend, in the empty lower right
     for i, (colour, dashed, label) in enumerate(legend):
