@@ -108,3 +108,26 @@ def test_compute_curve_figure_is_drawn_from_its_data():
     points = json.loads((ROOT / "assets" / "heads" / "curve.json").read_text())["points"]
     assert [p["step"] for p in points] == sorted(p["step"] for p in points) and len(points) >= 4
     assert points[-1]["heldout_top1"] > points[0]["heldout_top1"]
+
+
+def test_compute_curve_marks_a_round_one_head_kind_did_not_ship():
+    """A round shipped for Clover but not for Medusa: Medusa's point is an open circle off
+    its dashed line, and each kind's legend names its own last shipped version."""
+    import json
+
+    curve = json.loads((ROOT / "assets" / "heads" / "curve.json").read_text())
+    curve["continuation"]["points"] = [
+        {"heads": "v1", "position_visits": 2e6, "clover": {"heldout_top1": 0.5}, "medusa": {"heldout_top1": 0.4}},
+        {"heads": "v2", "position_visits": 4e6, "clover": {"heldout_top1": 0.55},
+         "medusa": {"heldout_top1": 0.41, "shipped": False}},
+    ]
+    svg = _script("curve_figure").svg(curve)
+    assert "Clover: the shipped v3 continued to v2" in svg
+    assert "Medusa: the shipped v3 continued to v1" in svg
+    assert "open circle: a round not shipped" in svg
+    medusa = [line for line in svg.splitlines() if 'stroke="#ff7f0e"' in line]
+    assert sum('fill="white"' in line for line in medusa if line.startswith("<circle")) == 1
+    path = next(line for line in medusa if line.startswith("<path"))
+    assert path.count("L") == 0  # the line ends at v1: one point, no segment to v2
+    clover = [line for line in svg.splitlines() if 'stroke="#1f77b4"' in line]
+    assert next(line for line in clover if line.startswith("<path")).count("L") == 1
