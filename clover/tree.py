@@ -476,18 +476,23 @@ def dynamic_growth(root_token: int, cfg: TreeConfig, max_depth: int,
     depth's best ``budget``, or past its parent's ``budget``-th child, has ``budget``
     better nodes already): a small budget costs fewer head calls, with an identical tree.
     With ``branching >= budget`` the tree is the ``budget`` nodes of highest joint draft
-    probability among all that pass the filters, as deep as the heads reach.
+    probability among all that pass the filters, as deep as the heads reach. Likewise a
+    frontier node with ``cfg.budget`` nodes at least as probable already drafted is not
+    expanded (its children could not be kept).
     """
     # candidate pool: (joint, depth, id, token, parent id, prob); the root has id 0
     pool: list[tuple[float, int, int, int, int, float]] = []
     frontier = [(0, -1, root_token, 1.0)]  # (id, parent id, token, joint)
     width = min(cfg.branching, cfg.budget)  # wider can only add nodes the budget drops
     for d in range(max_depth):
+        # a child of f ranks behind every node already drafted whose joint probability is
+        # at least f's (f included: a child's joint is at most its parent's, and a tie
+        # goes to the shallower node), so f is expanded only while fewer than the budget
+        # are: the same tree, fewer head calls (a budget of 2 expands one node per depth)
+        joints = sorted((c[0] for c in pool), reverse=True)
+        frontier = [f for f in frontier if sum(1 for j in joints[:cfg.budget] if j >= f[3]) < cfg.budget]
         if not frontier:
             break
-        if len(pool) >= cfg.budget and \
-                sorted(c[0] for c in pool)[-cfg.budget] >= max(f[3] for f in frontier):
-            break  # no deeper node can beat the kept ones: the same tree, fewer head calls
         dist = yield d, [f[0] for f in frontier], [f[1] for f in frontier], [f[2] for f in frontier]  # (n, V)
         top_p, top_t = _top(dist, min(width, dist.shape[-1]), vocab)
         level = []

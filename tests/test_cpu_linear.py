@@ -3,9 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from clover.kernels.linear import (KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear, describe_layout,
-                                   few_row_linear, forget_packed, packed_available, packed_linear, parse_layout,
-                                   use_few_row_linears)
+from clover.kernels.linear import (DRAFT_KERNELS, KERNELS, MAX_ROWS, SMALL_ROWS, FewRowLinear, cpu_linear,
+                                   describe_layout, few_row_linear, forget_packed, half_linear, packed_available,
+                                   packed_linear, parse_layout, use_few_row_linears)
 
 LAYOUTS = ["few-row", "plain"] + (["packed", "few-row/packed"] if packed_available() else [])
 
@@ -126,7 +126,7 @@ def test_layout_is_chosen_by_timing_and_keeps_results():
     assert all(m.kernels == kept for m in model.modules() if isinstance(m, FewRowLinear))
     if "packed" not in kept:  # the copies made for timing are dropped
         from clover.kernels.linear import _PACKED
-        assert not any(id(m.weight) in _PACKED for m in model.modules() if isinstance(m, FewRowLinear))
+        assert not any((id(m.weight), "packed") in _PACKED for m in model.modules() if isinstance(m, FewRowLinear))
     assert torch.allclose(model(x), before, atol=1e-5)
     assert choose_layout(nn.Sequential(nn.ReLU())) is None  # nothing to time
     assert choose_layout(use_few_row_linears(nn.Sequential(nn.Linear(8, 8).double()))) is None
@@ -204,3 +204,70 @@ def test_one_switch_for_the_cpu_kernels(monkeypatch, layout):
         greedy = Engine(t).generate([3, 14, 15], 8).token_ids
         assert Engine(t, heads, parse_tree_spec("dynamic:budget=4")).generate([3, 14, 15], 8).token_ids == greedy
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, MAX_ROWS])
+@pytest.mark.parametrize("bias", [False, True])
+def test_half_kernel_is_the_product_to_fp16_precision_and_falls_back_where_fp16_cannot(rows, bias):
+    """The drafting-only fp16 kernel: fp32 in and out, the product to fp16's precision;
+    where fp16 overflows (values past 65,504) or gradients are wanted, the fp32 product
+    itself; a weight changed in place gets a new fp16 copy."""
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(300, 64, generator=g) / 8
+    b = torch.randn(300, generator=g) if bias else None
+    x = torch.randn(rows, 64, generator=g)
+    out = half_linear(x, w, b)
+    assert out.dtype == torch.float32 and out.shape == (rows, 300)
+    torch.testing.assert_close(out, nn.functional.linear(x, w, b), rtol=2e-2, atol=2e-2)
+    assert not torch.equal(out, nn.functional.linear(x, w, b))  # really the fp16 product
+    huge = x * 1e5  # rounds to inf in fp16
+    assert torch.equal(half_linear(huge, w, b), nn.functional.linear(huge, w, b))
+    with torch.no_grad():
+        w.mul_(2)
+    torch.testing.assert_close(half_linear(x, w, b), nn.functional.linear(x, w, b), rtol=2e-2, atol=4e-2)
+    wg = w.clone().requires_grad_(True)
+    assert torch.equal(half_linear(x, wg, b), nn.functional.linear(x, wg, b))
+    half_linear(x, wg, b).sum().backward()
+    assert wg.grad is not None
+
+
+def test_only_draft_heads_may_take_the_half_kernel(monkeypatch):
+    """A target's layout is made of its exact kernels, never "half" (by name or timed);
+    heads built for a target timed "auto" are timed among DRAFT_KERNELS on their own
+    weights, the vocabulary projection included; with a named layout they take the
+    target's. Greedy decoding with heads drafting through the fp16 kernel is still plain
+    greedy decoding, token for token."""
+    from conftest import tiny_model, tiny_tokenizer
+
+    import clover.kernels.linear as lin
+    from clover import Engine, new_heads, parse_tree_spec
+    from clover.models import TargetModel
+
+    with pytest.raises(ValueError, match="unknown linear layout 'half'"):
+        parse_layout("half")
+    timed = []
+    real = lin.choose_layout
+    monkeypatch.setattr("clover.models.target.choose_layout",
+                        lambda m, **kw: timed.append((m, kw)) or real(m, repeats=1, **kw))
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "auto")
+    t = TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama")
+    assert set(t.linear_kernels) <= set(KERNELS)
+    heads = new_heads("clover", t, num_heads=2, draft_vocab=[2, 7, 11, 30, 64])
+    module, kw = timed[-1]
+    assert module is heads and kw["kernels"] == DRAFT_KERNELS
+    assert [w.shape for w, _ in kw["extra"]] == [(5, t.hidden_size)]  # the vocabulary projection
+    assert set(heads.linear_kernels) <= set(DRAFT_KERNELS)
+    assert heads.vocab_linear.keywords == {"kernels": heads.linear_kernels}
+    half = ("half",) * MAX_ROWS  # whatever this machine timed, draft through fp16
+    for m in heads.modules():
+        if isinstance(m, FewRowLinear):
+            m.kernels = half
+    heads.vocab_linear = lambda x, w, b=None: cpu_linear(x, w, b, half)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    greedy = Engine(t).generate([3, 14, 15], 12).token_ids
+    assert Engine(t, heads, parse_tree_spec("dynamic:budget=4")).generate([3, 14, 15], 12).token_ids == greedy
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "few-row")
+    named = TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama")
+    assert new_heads("medusa", named, num_heads=2).linear_kernels == named.linear_kernels

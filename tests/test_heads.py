@@ -71,6 +71,40 @@ def test_clover_parts():
     assert torch.equal(fresh.decoder(h0, e), h0)
 
 
+def test_attention_decoder_reads_keys_and_values_from_a_table_while_drafting():
+    """While drafting, K = W_K e and V = W_V e come from a table over the draft
+    vocabulary (a token outside it computed directly): the same values as the direct
+    products, the same draft; the table follows in-place weight changes, and training
+    (or gradients) never reads it."""
+    target = tiny_target("llama")
+    vocab = [2, 7, 11, 30, 64]
+    heads = perturb(new_heads("clover", target, num_heads=2, draft_vocab=vocab), 0.1).eval()
+    dec = heads.decoder
+    embed = lambda t: heads.regressive_embedding(t, target)  # noqa: E731
+    tokens = torch.tensor([7, 3, 64, 7])  # 3 lies outside the draft vocabulary
+    e = embed(tokens)
+    with torch.no_grad():
+        k, v = dec.token_kv(tokens, embed, heads.draft_vocab, target.lm_head.weight)
+        torch.testing.assert_close(k, dec.w_k(e), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v, dec.w_v(e), rtol=1e-5, atol=1e-6)
+        h0 = torch.randn(4, target.hidden_size)
+        torch.testing.assert_close(dec.attend(h0, k, v), dec(h0, e), rtol=1e-5, atol=1e-6)
+        h1, logits = heads.step(h0, tokens, 0, target)
+        torch.testing.assert_close(h1, dec(h0, e), rtol=1e-5, atol=1e-6)
+        table = dec._kv_kept[1]
+        assert table.shape == (len(vocab), 2 * target.hidden_size)
+        dec.w_v.weight.mul_(2)  # an in-place change: the table is made again
+        k2, v2 = dec.token_kv(tokens, embed, heads.draft_vocab, target.lm_head.weight)
+        torch.testing.assert_close(v2, dec.w_v(e), rtol=1e-5, atol=1e-6)
+        assert dec._kv_kept[1] is not table
+    heads.train()
+    calls = []
+    real = dec._kv_table
+    dec._kv_table = lambda *a: calls.append(1) or real(*a)
+    k3, _ = dec.token_kv(tokens, embed, heads.draft_vocab, target.lm_head.weight)
+    assert k3.requires_grad and not calls  # training: direct products, with gradients
+
+
 @pytest.mark.parametrize("kind", ["medusa", "clover"])
 def test_save_and_reload_identical(kind, tmp_path):
     target = tiny_target("llama")

@@ -286,6 +286,22 @@ def test_grow_dynamic_early_stop_gives_the_same_tree(seed, budget):
         assert expand.calls == [0]  # the best child of the root beats everything deeper
 
 
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("budget", [2, 3, 5])
+def test_grow_dynamic_expands_only_nodes_whose_children_could_be_kept(seed, budget):
+    """A node with ``budget`` nodes at least as probable already drafted is not expanded
+    (its children would rank behind all of them): the tree is the unpruned one, and a
+    budget of 2 expands a single node per depth (the best so far)."""
+    cfg = TreeConfig(budget=budget, branching=budget, branch_p=1.0, min_ratio=0.0)
+    rows = []
+    expand = random_expand(seed)
+    tree = grow_dynamic(4, cfg, lambda d, ids, *rest: rows.append(len(ids)) or expand(d, ids, *rest), max_depth=3)
+    assert sorted(token_path(tree, i) for i in range(1, len(tree))) == unpruned(4, cfg, random_expand(seed), 3)
+    if budget == 2:
+        assert set(rows) == {1}
+    assert sum(rows) < 1 + budget * 2  # unpruned: the root, then ``budget`` nodes at each further depth
+
+
 @pytest.mark.parametrize("spec", ["dynamic", "dynamic:budget=4,branching=2", "small", "chain3"])
 def test_grow_trees_in_lock_step_equals_each_alone(spec):
     """Rows of a batch grow together, one expand_many call per depth, each into the tree it

@@ -135,6 +135,21 @@ class DraftHeads(nn.Module):
         finally:
             self.draft_vocab = vocab
 
+    def vocab_weight(self, target) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows of the frozen lm_head the heads project onto: (weight (V', D), bias
+        (V',) or None), cut once from the target's and kept (the whole lm_head's without
+        a draft vocabulary)."""
+        w = target.lm_head.weight
+        bias = getattr(target.lm_head, "bias", None)
+        if self.draft_vocab is None:
+            return w, bias
+        if self._vocab_weight is None or self._vocab_weight.device != w.device or \
+                self._vocab_weight.dtype != w.dtype:
+            ids = self.draft_vocab.to(w.device)
+            self._vocab_weight = w.detach()[ids]  # (V', D)
+            self._vocab_bias = None if bias is None else bias.detach()[ids]  # (V',)
+        return self._vocab_weight, self._vocab_bias
+
     def vocab_logits(self, h: torch.Tensor, target) -> torch.Tensor:
         """The frozen lm_head over the draft vocabulary: (..., D) -> (..., V').
 
@@ -142,14 +157,7 @@ class DraftHeads(nn.Module):
         """
         if self.draft_vocab is None:
             return target.head_logits(h)
-        w = target.lm_head.weight
-        if self._vocab_weight is None or self._vocab_weight.device != w.device or \
-                self._vocab_weight.dtype != w.dtype:
-            ids = self.draft_vocab.to(w.device)
-            bias = getattr(target.lm_head, "bias", None)
-            self._vocab_weight = w.detach()[ids]  # (V', D)
-            self._vocab_bias = None if bias is None else bias.detach()[ids]  # (V',)
-        return self.vocab_linear(h, self._vocab_weight, self._vocab_bias)
+        return self.vocab_linear(h, *self.vocab_weight(target))
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         self._vocab_weight = None

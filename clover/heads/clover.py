@@ -142,7 +142,7 @@ def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) ->
     h = hidden
     for i, layer in enumerate(decoder_layers(block)):
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
+        x = _rms_norm(layer.input_layernorm, h)
         q, k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2)  # (B, heads, T, hd)
                    for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         q = q * cos + _rotate_half(q) * sin
@@ -151,8 +151,16 @@ def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) ->
         o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
                                                        enable_gqa=True)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + layer.mlp(_rms_norm(layer.post_attention_layernorm, h))
     return h
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Llama/Qwen2 RMSNorm (``weight * x / rms(x)``, computed in fp32) applied to x as
+    one fused op (its module runs six): (..., D) -> (..., D), equal up to float rounding."""
+    if x.dtype != torch.float32:
+        return norm(x)
+    return nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def run_augmenting_rows(block: nn.Module, hidden: list[torch.Tensor], caches: list,
@@ -222,12 +230,61 @@ class AttentionDecoder(nn.Module):
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """h: (..., D) previous state h_{i-1}; e: (..., D) token embedding -> (..., D) h_i."""
+        return self.attend(h, self.w_k(e), self.w_v(e))
+
+    def attend(self, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """h_i from h_{i-1} (..., D) and the token's key K = W_K e and value V = W_V e,
+        each (..., D) (:meth:`forward`, or :meth:`token_kv`'s table) -> (..., D)."""
         heads = (*h.shape[:-1], self.n_heads, -1)
         q = self.w_q(self.norm(h)).view(heads)  # (..., H, D/H)
-        k = self.w_k(e).view(heads)
-        v = self.w_v(e).view(heads)
-        gate = nn.functional.cosine_similarity(q, k, dim=-1, eps=self.gate_eps).unsqueeze(-1)  # (..., H, 1)
-        return h + (gate * v).flatten(-2)
+        gate = nn.functional.cosine_similarity(q, k.view(heads), dim=-1, eps=self.gate_eps)  # (..., H)
+        return h + (gate.unsqueeze(-1) * v.view(heads)).flatten(-2)
+
+    def token_kv(self, tokens: torch.Tensor, embed, vocab: torch.Tensor | None,
+                 source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K = W_K e and V = W_V e of tokens, (n,) long -> two (n, D).
+
+        Both depend on the token alone, so while drafting (eval mode, no gradients
+        wanted) they are read from a table over the draft vocabulary ``vocab``, computed
+        once (two (V', D) products, about 38 MB for 8,192 tokens of D = 576 in fp32) and
+        computed again when ``source``, the weights or the vocabulary change in place;
+        a token outside ``vocab`` (a root the target chose) is computed directly. The
+        values equal the direct products up to float rounding.
+
+        Args:
+            embed: (m,) long -> (m, D), the regressive embedding e of tokens.
+            vocab: (V',) long, the draft vocabulary; None: no table (always direct).
+            source: the tensor ``embed`` reads (the frozen lm_head weight, (V, D)), which
+                keys the table.
+        """
+        if self.training or vocab is None or (torch.is_grad_enabled() and source.requires_grad):
+            e = embed(tokens)
+            return self.w_k(e), self.w_v(e)
+        table, index = self._kv_table(embed, vocab, source)
+        at = index[tokens]  # (n,) row of each token, -1 outside the draft vocabulary
+        kv = table[at.clamp(min=0)]  # (n, 2D)
+        outside = at < 0
+        if bool(outside.any()):
+            e = embed(tokens[outside])
+            kv[outside] = torch.cat([self.w_k(e), self.w_v(e)], dim=-1)
+        return kv.chunk(2, dim=-1)
+
+    def _kv_table(self, embed, vocab: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(table (V', 2D) of [K, V] per draft token, index (V,) long: each token's row or
+        -1), kept while ``source``, W_K, W_V and ``vocab`` are unchanged."""
+        parts = [source, vocab, self.w_k.weight, self.w_v.weight] + [b for b in (self.w_k.bias, self.w_v.bias)
+                                                                      if b is not None]
+        key = tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in parts)
+        kept = getattr(self, "_kv_kept", None)
+        if kept is None or kept[0] != key:
+            with torch.no_grad():
+                e = embed(vocab)  # (V', D)
+                table = torch.cat([nn.functional.linear(e, self.w_k.weight, self.w_k.bias),
+                                   nn.functional.linear(e, self.w_v.weight, self.w_v.bias)], dim=-1)
+                index = torch.full((source.shape[0],), -1, dtype=torch.long, device=vocab.device)
+                index[vocab] = torch.arange(len(vocab), device=vocab.device)
+            kept = self._kv_kept = (key, table, index)
+        return kept[1], kept[2]
 
 
 def block_at(block: nn.Module, hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -381,7 +438,9 @@ class CloverHeads(DraftHeads):
         Returns:
             (h_i (n, D), logits (n, V') over the draft vocabulary) for the next depth.
         """
-        h = self.decoder(h_prev, self.regressive_embedding(tokens, target))
+        k, v = self.decoder.token_kv(tokens, lambda t: self.regressive_embedding(t, target), self.draft_vocab,
+                                     target.lm_head.weight)
+        h = self.decoder.attend(h_prev, k, v)
         logits = self.vocab_logits(target.final_norm(self.mlps[head](h)), target)
         return h, logits
 
@@ -425,10 +484,10 @@ class CloverDrafter(RecurrentDrafter):
     """
 
     def __init__(self, heads: CloverHeads, target, tree: TreeConfig):
-        from transformers import DynamicCache
+        from clover.cache import buffered_cache
 
         super().__init__(heads, target, tree)
-        self.cache = DynamicCache(config=heads.augment.config)
+        self.cache = buffered_cache(heads.augment.config)  # appends in place, no copy per step
         self.length = 0  # positions in the block's cache
         self.waiting: list[torch.Tensor] = []  # (T, D) verified states not yet in the block
         self.h0: torch.Tensor | None = None  # (D,)

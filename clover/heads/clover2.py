@@ -202,10 +202,10 @@ class Clover2Drafter(RecurrentDrafter):
     """
 
     def __init__(self, heads: Clover2Heads, target, tree: TreeConfig):
-        from transformers import DynamicCache
+        from clover.cache import buffered_cache
 
         super().__init__(heads, target, tree)
-        self.cache = DynamicCache(config=heads.augment.config)
+        self.cache = buffered_cache(heads.augment.config)  # appends in place, no copy per step
         self.length = 0  # positions in the block's cache
         self.waiting: torch.Tensor | None = None  # (W, D) verified states not yet in the block
         self.next_tokens: list[int] = []  # the W - 1 next tokens known so far

@@ -46,6 +46,18 @@ VM type (2026-12-06; every linear layer of SmolLM2-135M once, lm_head included) 
 3 / 4 / 8 rows took 22.5 / 22.7 / 23.3 / 35.6 / 44.6 ms plain and 29.7 / 31.0 / 31.8 /
 30.9 / 35.7 ms packed (few-row 53-57 ms throughout), so three rows belong with one and
 two, where a split after two rows gave them to the packed kernel, 36% slower.
+
+Draft heads may also take a fourth kernel, "half" (:func:`half_linear`: the product
+over an fp16 copy of the weights, fp32 in and out), which the target never takes: a
+draft need not be exact, since the target verifies it in fp32, so the text is unchanged
+whichever kernel drafts it; only which tokens are drafted can move, where two draft
+probabilities tie within fp16's rounding. On an AMD EPYC host of the 2-core VM type
+(2026-12-07, AVX-512 with BF16, no AMX; median of 60 calls after a cache sweep) one row
+through the 8,192-token draft vocabulary's projection took 0.32 ms with it against 1.6-1.8
+ms in fp32 (any fp32 kernel), the 576 x 1,536 MLP projections 0.13 against 0.31-0.41:
+PyTorch's fp16 matrix-vector path streams half the bytes at full speed, where the fp32
+kernels for one row do not. :func:`choose_layout` times it beside the others on the
+heads' own weights (``kernels=DRAFT_KERNELS``), so a host where it is slower keeps fp32.
 """
 from __future__ import annotations
 
@@ -83,6 +95,9 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 KERNELS = ("plain", "few-row", "packed")
+# what draft heads may run (TargetModel.adopt times them): the target's kernels, and the
+# fp16 one, never the target's (its logits decide the text and stay fp32)
+DRAFT_KERNELS = KERNELS + ("half",)
 SMALL_ROWS = 2  # a layout written as a pair: its first kernel runs 1..SMALL_ROWS rows, its second the rest
 # the row counts choose_layout times; a count between two takes the kernel of the one below
 ROW_POINTS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -94,38 +109,53 @@ def packed_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-# id(weight) -> ((version, data pointer), packed copy); kept outside the weight so that
-# pickling or moving the module never meets oneDNN's opaque tensor; an entry goes with its weight
-_PACKED: dict[int, tuple] = {}
+# (id(weight), kind) -> ((version, data pointer), copy): the packed ("packed") and fp16
+# ("half") copies; kept outside the weight so that pickling or moving the module never
+# meets oneDNN's opaque tensor; an entry goes with its weight
+_PACKED: dict[tuple[int, str], tuple] = {}
+
+
+def _weight_copy(weight: torch.Tensor, kind: str, make) -> torch.Tensor:
+    """``make(weight)``, made once per ``kind`` and kept while the weight lives. It is
+    remade when the weight's storage moves or when an in-place change that autograd
+    tracks bumps its version (``copy_``, ``load_state_dict``, optimizer steps other than
+    fused ones); a change it cannot see (writes through ``.data``, fused optimizers,
+    weights created under ``torch.inference_mode``, which have no version) needs
+    :func:`forget_packed` before the next forward."""
+    # an inference tensor (a model loaded under torch.inference_mode) has no version counter
+    key = (0 if weight.is_inference() else weight._version, weight.data_ptr())
+    kept = _PACKED.get((id(weight), kind))
+    if kept is None or kept[0] != key:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable anywhere
+            copy = make(weight.detach())
+        if kept is None:
+            weakref.finalize(weight, _PACKED.pop, (id(weight), kind), None)
+        kept = _PACKED[id(weight), kind] = (key, copy)
+    return kept[1]
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's reordered copy of ``weight`` (D_out, D_in), made once and kept while the
-    weight lives. It is remade when the weight's storage moves or when an in-place change
-    that autograd tracks bumps its version (``copy_``, optimizer steps other than fused
-    ones); a change it cannot see (writes through ``.data``, fused optimizers, weights
-    created under ``torch.inference_mode``, which have no version) needs
-    :func:`forget_packed` before the next forward."""
-    # an inference tensor (a model loaded under torch.inference_mode) has no version counter
-    key = (0 if weight.is_inference() else weight._version, weight.data_ptr())
-    kept = _PACKED.get(id(weight))
-    if kept is None or kept[0] != key:
-        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable anywhere
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
-        if kept is None:
-            weakref.finalize(weight, _PACKED.pop, id(weight), None)
-        kept = _PACKED[id(weight)] = (key, packed)
-    return kept[1]
+    weight lives (remade as :func:`_weight_copy` says)."""
+    return _weight_copy(weight, "packed",
+                        lambda w: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT))
+
+
+def half_weight(weight: torch.Tensor) -> torch.Tensor:
+    """An fp16 copy of ``weight`` (D_out, D_in), made once and kept while the weight
+    lives (remade as :func:`_weight_copy` says)."""
+    return _weight_copy(weight, "half", lambda w: w.to(torch.float16).contiguous())
 
 
 def forget_packed(module: nn.Module | None = None) -> None:
-    """Drop the packed copies of ``module``'s parameters (all, without a module): the next
-    forward packs them again."""
+    """Drop the packed and fp16 copies of ``module``'s parameters (all, without a
+    module): the next forward makes them again."""
     if module is None:
         _PACKED.clear()
         return
     for p in module.parameters():
-        _PACKED.pop(id(p), None)
+        for kind in ("packed", "half"):
+            _PACKED.pop((id(p), kind), None)
 
 
 class _PackedLinear(torch.autograd.Function):
@@ -158,7 +188,31 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
 
 
-_KERNEL_FNS = {"plain": nn.functional.linear, "few-row": few_row_linear, "packed": packed_linear}
+def half_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` to about fp16's precision, for drafting only: x and
+    the result are fp32, the product runs over an fp16 copy of the weights
+    (:func:`half_weight`) with x rounded to fp16, and the bias is added in fp32. Where the
+    fp16 product overflows (a value past 65,504: not finite) the fp32 product is
+    returned instead, and so it is where gradients are wanted (no backward here).
+
+    Args:
+        x: (..., D_in) fp32.
+        weight: (D_out, D_in) fp32.
+        bias: (D_out,) fp32 or None.
+    Returns:
+        (..., D_out) fp32.
+    """
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return nn.functional.linear(x, weight, bias)
+    out = nn.functional.linear(x.to(torch.float16), half_weight(weight)).float()
+    if not bool(torch.isfinite(out).all()):  # fp16 overflowed: this product in fp32
+        return nn.functional.linear(x, weight, bias)
+    return out if bias is None else out + bias
+
+
+_KERNEL_FNS = {"plain": nn.functional.linear, "few-row": few_row_linear, "packed": packed_linear,
+               "half": half_linear}
 
 
 def parse_layout(layout: str) -> tuple[str, ...]:
@@ -258,37 +312,48 @@ def set_layout(module: nn.Module, layout: str) -> tuple[str, ...] | None:
     return kernels if linears else None
 
 
-def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, ...] | None:
-    """Time every kernel (:data:`KERNELS`; "packed" where oneDNN is present) on the
+def choose_layout(module: nn.Module, repeats: int = 3, kernels: tuple[str, ...] = KERNELS,
+                  extra: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] = ()) -> tuple[str, ...] | None:
+    """Time every kernel of ``kernels`` ("packed" only where oneDNN is present) on the
     module's :class:`FewRowLinear` layers, on their own weights (every layer once per
     pass, so the weights stream from memory as in a forward; the best of ``repeats``
     passes, the kernels interleaved), at each row count of :data:`ROW_POINTS`, and give
     every layer the fastest kernel of each count (a count between two takes the one
-    below's). About 4 s for SmolLM2-135M on a 2-core CPU.
+    below's). About 4 s for SmolLM2-135M on a 2-core CPU, under a second for its heads.
 
+    Args:
+        kernels: the candidates: :data:`KERNELS` for a target, :data:`DRAFT_KERNELS` for
+            draft heads.
+        extra: more (weight (D_out, D_in), bias or None) pairs timed in each pass, that
+            the caller runs through :func:`cpu_linear` with the result (the heads'
+            vocabulary projection).
     Returns:
         the kernel per row count kept (:data:`MAX_ROWS` names), or None when there was
         nothing to time (no such layers, or not fp32 on a CPU).
+    Raises:
+        ValueError: a kernel name that is not one of :data:`DRAFT_KERNELS`.
     """
     import time
 
+    if any(k not in _KERNEL_FNS for k in kernels):
+        raise ValueError(f"unknown linear kernels in {kernels}; choose from {', '.join(DRAFT_KERNELS)}")
     linears = [m for m in module.modules() if isinstance(m, FewRowLinear)]
-    if not linears or any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32
-                          for m in linears):
+    weights = [(m.weight, m.bias) for m in linears] + list(extra)
+    if not linears or any(w.device.type != "cpu" or w.dtype != torch.float32 for w, _ in weights):
         return None
-    kernels = [k for k in KERNELS if k != "packed" or packed_available()]
-    inputs = {(r, m.in_features): torch.zeros(r, m.in_features) for r in ROW_POINTS for m in linears}
+    kernels = tuple(k for k in kernels if k != "packed" or packed_available())
+    inputs = {(r, w.shape[1]): torch.zeros(r, w.shape[1]) for r in ROW_POINTS for w, _ in weights}
 
     def sweep(kernel: str, rows: int) -> float:
         fn = _KERNEL_FNS[kernel]
         t0 = time.perf_counter()
-        for m in linears:
-            fn(inputs[(rows, m.in_features)], m.weight, m.bias)
+        for w, b in weights:
+            fn(inputs[(rows, w.shape[1])], w, b)
         return time.perf_counter() - t0
 
     best = {(k, r): float("inf") for k in kernels for r in ROW_POINTS}
     with torch.inference_mode():
-        for k in kernels:  # warm every path (and pack the weights once)
+        for k in kernels:  # warm every path (and make the packed and fp16 copies once)
             sweep(k, 1)
         for _ in range(repeats):
             for r in ROW_POINTS:
@@ -296,9 +361,10 @@ def choose_layout(module: nn.Module, repeats: int = 3) -> tuple[str, ...] | None
                     best[k, r] = min(best[k, r], sweep(k, r))
     fastest = {r: min(kernels, key=lambda k: best[k, r]) for r in ROW_POINTS}
     chosen = tuple(fastest[max(p for p in ROW_POINTS if p <= r)] for r in range(1, MAX_ROWS + 1))
-    if "packed" not in chosen:  # drop the packed copies nobody will read
-        for m in linears:
-            forget_packed(m)
+    for kind in ("packed", "half"):  # drop the copies nobody will read
+        if kind not in chosen:
+            for w, _ in weights:
+                _PACKED.pop((id(w), kind), None)
     for m in linears:
         m.kernels = chosen
     return chosen

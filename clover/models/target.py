@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from clover.kernels.attention import use_gqa_sdpa
-from clover.kernels.linear import cpu_linear, describe_layout, parse_layout, set_layout, use_few_row_linears
+from clover.kernels.linear import (DRAFT_KERNELS, choose_layout, cpu_linear, describe_layout, parse_layout,
+                                   set_layout, use_few_row_linears)
 from clover.models.embedded import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_model_dir
 from clover.models.fingerprint import target_fingerprint
 
@@ -160,6 +161,7 @@ class TargetModel:
         # the linear kernel in use per row count, 1..16 (None: the CPU kernels are off,
         # or there are no fp32 CPU linear layers to run them on)
         self.linear_kernels: tuple[str, ...] | None = None
+        self.linear_layout = linear_layout  # as asked: "auto" (timed here) or a named layout
         if self.cpu_kernels:
             self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout)
             use_gqa_sdpa(self.model)
@@ -192,16 +194,28 @@ class TargetModel:
         return describe_layout(self.linear_kernels) if self.linear_kernels else "off"
 
     def adopt(self, heads: nn.Module) -> nn.Module:
-        """Give draft heads this target's CPU kernels (in place; returns ``heads``): with
-        them on, their ``nn.Linear`` layers and vocabulary projection take the target's
-        linear kernels (``linear_kernels``); off, plain ``F.linear``."""
+        """Give draft heads CPU kernels like this target's (in place; returns ``heads``):
+        with them on, their ``nn.Linear`` layers and vocabulary projection
+        (``heads.vocab_linear``) become :func:`clover.kernels.linear.cpu_linear` calls.
+        With the layout "auto" the heads get their own, timed on their own weights by
+        :func:`clover.kernels.linear.choose_layout` among
+        :data:`~clover.kernels.linear.DRAFT_KERNELS`, which adds the fp16 kernel (drafts
+        need not be exact: the target verifies them); with a named layout, the target's.
+        ``heads.linear_kernels`` is the kernel per row count in use (None: off, and the
+        layers stay ``F.linear``)."""
+        heads.linear_kernels = None
         if self.cpu_kernels and self.linear_kernels:
-            kernels = self.linear_kernels
             use_few_row_linears(heads)
+            kernels = self.linear_kernels
+            if self.linear_layout == "auto":
+                projects = getattr(heads, "draft_vocab", None) is not None  # else the target's lm_head
+                extra = (heads.vocab_weight(self),) if projects else ()
+                kernels = choose_layout(heads, kernels=DRAFT_KERNELS, extra=extra) or kernels
             for m in heads.modules():
                 if hasattr(m, "kernels"):
                     m.kernels = kernels
             heads.vocab_linear = functools.partial(cpu_linear, kernels=kernels)
+            heads.linear_kernels = kernels
         else:
             heads.vocab_linear = nn.functional.linear
         self.capture_layers(getattr(getattr(heads, "config", None), "fuse_layers", ()))
