@@ -448,6 +448,18 @@ def prefill_inputs(prompts: Sequence[Sequence[int]], dtype: torch.dtype,
     return ids.to(device), positions.to(device), mask.to(device)
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """Wall time of one step's parts, in ms: ``draft`` (growing the trees), ``forward``
+    (the target's forward over them), ``accept`` (acceptance, commit, KV-cache
+    compaction), ``update`` (the drafters observing the verified states)."""
+
+    draft: float
+    forward: float
+    accept: float
+    update: float
+
+
 @dataclass
 class Request:
     """One prompt for :meth:`Engine.serve`.
@@ -636,16 +648,17 @@ class StepLoop:
                 t_verify = time.perf_counter()
                 prefix = cache_length(cache)  # positions cached before this step's tree nodes
                 out = self._verify(trees, cache, starts, prefix, len(active[0].steps) + 1)     # verify
+                self._sync()
+                t_accept = time.perf_counter()
                 accs, commits, keep = self._accept(active, trees, out, cache, starts, prefix)  # accept
                 self._sync()
                 t_update = time.perf_counter()
                 self._update(active, trees, accs, out, keep)                                   # update
                 self._sync()
                 t_end = time.perf_counter()
-                draft_ms = ((t_verify - t_draft) + (t_end - t_update)) * 1e3
-                verify_ms = (t_update - t_verify) * 1e3
-                traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, draft_ms, verify_ms,
-                                      starts[b])
+                times = StepTimes(draft=(t_verify - t_draft) * 1e3, forward=(t_accept - t_verify) * 1e3,
+                                  accept=(t_update - t_accept) * 1e3, update=(t_end - t_update) * 1e3)
+                traces = [self._trace(r, tree, out.logits[b, :len(tree)], acc, kept, times, starts[b])
                           for b, (r, tree, acc, kept) in enumerate(zip(active, trees, accs, commits))]
             yield traces, [r for r in active if r.stop_reason is not None]
             active = [active[b] for b in keep]
@@ -780,7 +793,7 @@ class StepLoop:
         return kept, None
 
     def _trace(self, row: _Row, tree: Tree, logits: torch.Tensor, acc: Acceptance,
-               kept: list[int], draft_ms: float, verify_ms: float, start: int) -> StepTrace:
+               kept: list[int], times: "StepTimes", start: int) -> StepTrace:
         """The row's record of this step (appended to its steps); the times are the
         whole batch step's. Built after the step's timed calls: every display field
         (texts, probabilities, the target's top tokens) is made here, never in them.
@@ -799,6 +812,7 @@ class StepLoop:
         else:  # only the last accepted node's distribution: (V,)
             nodes, last = [], logits_to_probs(logits[acc.path[-1]], self.sampling)
         bonus_prob = float(last[acc.bonus_token])
+        draft_ms, verify_ms = times.draft + times.update, times.forward + times.accept
         row.decode_s += (draft_ms + verify_ms) / 1e3
         trace = StepTrace(
             step=len(row.steps), nodes=nodes, accepted=acc.path[:1 + n_drafts],
@@ -808,7 +822,7 @@ class StepLoop:
             new_tokens=kept, new_text=texts, accepted_length=len(kept),
             draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(row.new),
             finished=row.stop_reason is not None, stop_reason=row.stop_reason, row=row.index,
-            prefix_length=start,
+            prefix_length=start, forward_ms=times.forward, accept_ms=times.accept, update_ms=times.update,
         )
         row.steps.append(trace)
         return trace

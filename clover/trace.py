@@ -79,6 +79,12 @@ class StepTrace:
             verification (target forward, acceptance, KV-cache compaction, stop
             checks), in ms. Building this record is not included. In a batched run these
             are the whole step's times, every row's drafting and the one shared forward.
+        forward_ms / accept_ms / update_ms: the parts of those, in ms (where the time
+            goes): ``verify_ms = forward_ms + accept_ms`` (the target's forward over the
+            tree, its inputs and the finite-logits check; then acceptance, committing
+            the tokens and compacting the KV cache), and ``update_ms``, the drafters
+            observing the verified states, is inside ``draft_ms`` (so drafting proper is
+            ``draft_ms - update_ms``). 0.0 in records that do not split their time.
         total_tokens: new tokens generated so far, this step included.
         finished: True when generation stopped at this step.
         stop_reason: why it stopped ("eos", "length" or "stop_string") on the finished
@@ -109,6 +115,9 @@ class StepTrace:
     stop_reason: str | None = None
     row: int = 0
     prefix_length: int = 0
+    forward_ms: float = 0.0
+    accept_ms: float = 0.0
+    update_ms: float = 0.0
 
 
 @dataclass

@@ -45,6 +45,9 @@ def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
         assert r["mean_accepted_length"] >= 1.0
         assert len(r["acceptance_per_depth"]) == (0 if r["method"] == "ar" else 3)
         assert r["draft_ms"] >= 0 and r["verify_ms"] > 0
+        split = r["time_split"]  # where the time goes: the parts add up to the step
+        assert list(split) == ["draft", "update", "forward", "accept"] and min(split.values()) >= 0
+        assert sum(split.values()) == pytest.approx(r["draft_ms"] + r["verify_ms"])
         if r["method"] != "ar":
             assert r["matches_plain"] is True  # greedy: every method's text equals plain
     summary = res["summary"]
@@ -67,6 +70,8 @@ def test_bench_writes_results(tiny_dir, prompts, tmp_path, capsys):
     assert "load" in res  # None: too few plain steps to judge the machine's load
     md = (out / "results.md").read_text()
     assert "## qa" in md and "## multi_turn" in md and "| clover |" in md and "speedup" in md
+    assert "## Where the time goes" in md and "break-even" in md.lower()
+    assert set(summary["all"]["clover"]["time_split"]) == {"draft", "update", "forward", "accept"}
     html = (out / "charts.html").read_text()
     assert "plotly" in html.lower() and "Speedup over plain" in html
     printed = json.loads(capsys.readouterr().out)

@@ -148,6 +148,9 @@ def test_trace_records():
             assert 0.0 <= n.draft_prob <= 1.0 and 0.0 <= n.target_prob <= 1.0
         assert all(s.nodes[b].parent == a for a, b in zip(s.accepted, s.accepted[1:]))
         assert s.draft_ms >= 0 and s.verify_ms > 0
+        # the parts: verification is the forward then acceptance; drafting holds the update
+        assert s.forward_ms > 0 and s.accept_ms > 0 and 0 < s.update_ms <= s.draft_ms
+        assert s.forward_ms + s.accept_ms == pytest.approx(s.verify_ms)
         assert 0 < s.bonus_prob <= 1.0
         if s.bonus_committed:
             assert s.new_tokens[-1] == s.bonus_token and s.new_tokens[:-1] == [

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from clover.acceptance import SamplingConfig
-from clover.bench.records import BenchConfig, RunRecord, lookup_share, machine_info
+from clover.bench.records import BenchConfig, RunRecord, lookup_share, machine_info, time_split
 from clover.bench.report import load_report, markdown_tables, summarize, write_charts
 from clover.engine import Engine, lockstep
 from clover.trace import GenerationResult, acceptance_rates, engine_ms, speedup
@@ -141,7 +141,7 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
                     acceptance_per_depth=acceptance_rates(all_steps, depth),
                     draft_ms=statistics.fmean(s.draft_ms for s in all_steps) if all_steps else 0.0,
                     verify_ms=statistics.fmean(s.verify_ms for s in all_steps) if all_steps else 0.0,
-                    text=[x.text for x in results],
+                    text=[x.text for x in results], time_split=time_split(all_steps),
                     lookup_share=lookup_share(all_steps) if lookup is not None else None,
                     ttft_ms=results[0].prefill_ms + (results[0].steps[0].draft_ms
                                                       + results[0].steps[0].verify_ms
@@ -158,7 +158,8 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     mismatches = [f"{x.method} on {x.question_id} (repeat {x.repeat})" for x in records
                   if x.matches_plain is False]
 
-    results = {"meta": _meta(target, prompts, prompts_path, cfg, extra_meta, "prompt"),
+    results = {"meta": _meta(target, prompts, prompts_path, cfg, {**draft_kernels(engines), **(extra_meta or {})},
+                             "prompt"),
                "mismatches": mismatches,
                "load": load_report(plain_step_ms),
                "summary": summarize(records, cfg),
@@ -167,6 +168,18 @@ def run_bench(target, engines: dict[str, Engine], prompts_path: str | Path, out_
     (out_dir / "results.md").write_text(markdown_tables(results))
     write_charts(results, out_dir / "charts.html")
     return results
+
+
+def draft_kernels(engines: dict) -> dict:
+    """``{"draft_kernels": {method: the heads' linear kernel per row count, in words}}``
+    for the head methods whose heads run the CPU kernels (``TargetModel.adopt``: the
+    drafting kernels, fp16 among them, are timed per heads), so a table says what each
+    method ran; empty when none does."""
+    from clover.kernels.linear import describe_layout
+
+    kernels = {m: describe_layout(e.heads.linear_kernels) for m, e in engines.items()
+               if getattr(e, "heads", None) is not None and getattr(e.heads, "linear_kernels", None)}
+    return {"draft_kernels": kernels} if kernels else {}
 
 
 def _meta(target, prompts, prompts_path, cfg: BenchConfig, extra_meta, unit: str) -> dict:
@@ -202,7 +215,7 @@ def batch_record(results: list[GenerationResult], engine, question_ids: list[str
         acceptance_per_depth=acceptance_rates(row_steps, depth),
         draft_ms=statistics.fmean(s.draft_ms for s in longest.steps) if longest.steps else 0.0,
         verify_ms=statistics.fmean(s.verify_ms for s in longest.steps) if longest.steps else 0.0,
-        text=[x.text for x in results],
+        text=[x.text for x in results], time_split=time_split(longest.steps),
         lookup_share=lookup_share(row_steps) if lookup is not None else None,
         ttft_ms=longest.prefill_ms + (first.draft_ms + first.verify_ms if first else 0.0),
         batch_size=len(results))
@@ -253,7 +266,8 @@ def _run_sweep(target, engines: dict[str, Engine], prompts: list[dict], prompts_
     bar.close()
     mismatches = [f"{x.method} on {x.question_id} (batch size {x.batch_size}, repeat {x.repeat})"
                   for x in records if x.matches_plain is False]
-    results = {"meta": _meta(target, prompts, prompts_path, cfg, extra_meta, "batch"),
+    results = {"meta": _meta(target, prompts, prompts_path, cfg, {**draft_kernels(engines), **(extra_meta or {})},
+                             "batch"),
                "mismatches": mismatches,
                "batch_summary": {str(b): summarize([x for x in records if x.batch_size == b], cfg)["all"]
                                  for b in cfg.batch_sizes},

@@ -99,6 +99,24 @@ class RunRecord:
     lookup_share: float | None = None  # accepted drafts that prompt lookup proposed (methods with lookup)
     batch_size: int = 1  # rows decoded together (sweep: question_id joins theirs with ",")
     speedup: float | None = None  # over the plain run of the same prompt or batch (clover.trace.speedup)
+    time_split: dict[str, float] = field(default_factory=dict)  # where a step's time goes (:func:`time_split`)
+
+
+TIME_PARTS = ("draft", "update", "forward", "accept")  # a step's parts, in the order they run
+
+
+def time_split(steps) -> dict[str, float]:
+    """Where a step's time goes, mean ms per step over ``steps``: "draft" (growing the
+    tree; a Clover drafter's Augmenting Block runs here), "update" (the drafter observing
+    the verified states), "forward" (the target's forward over the tree) and "accept"
+    (acceptance, commit, KV-cache compaction); they sum to ``draft_ms + verify_ms``
+    (:class:`clover.trace.StepTrace`). Empty for no steps."""
+    if not steps:
+        return {}
+    n = len(steps)
+    update = sum(s.update_ms for s in steps) / n
+    return {"draft": sum(s.draft_ms for s in steps) / n - update, "update": update,
+            "forward": sum(s.forward_ms for s in steps) / n, "accept": sum(s.accept_ms for s in steps) / n}
 
 
 def lookup_share(steps) -> float | None:

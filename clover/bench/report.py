@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from clover.autotree import BUSY_SPREAD
-from clover.bench.records import HF_GENERATE, BenchConfig, RunRecord
+from clover.bench.records import HF_GENERATE, TIME_PARTS, BenchConfig, RunRecord
 from clover.methods import METHOD_COLORS
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,9 @@ def summarize(records: list[RunRecord], cfg: BenchConfig) -> dict:
                      "draft_ms": statistics.fmean(x.draft_ms for x in rows),
                      "verify_ms": statistics.fmean(x.verify_ms for x in rows),
                      "runs": len(rows)}
+            split = [x.time_split for x in rows if x.time_split]
+            if split:
+                entry["time_split"] = {k: statistics.fmean(t[k] for t in split) for k in TIME_PARTS}
             shares = [x.lookup_share for x in rows if x.lookup_share is not None]
             if shares:
                 entry["lookup_share"] = statistics.fmean(shares)
@@ -134,7 +137,35 @@ def markdown_tables(results: dict) -> str:
                          f"{e['draft_ms']:.1f} | {e['verify_ms']:.1f} | {sp} | {per} | {same} | "
                          + (f"{e['lookup_share']:.0%} |" if "lookup_share" in e else "- |"))
         lines.append("")
+    lines += time_table(results["summary"].get("all", {}))
     return "\n".join(lines)
+
+
+def time_table(methods: dict) -> list[str]:
+    """Markdown lines: where a step's time goes per method (mean ms per step: drafting,
+    the drafters' state update, the target's forward, acceptance with the KV-cache
+    compaction) and the tokens per step at which the method breaks even with plain
+    decoding here (its step's time over plain decoding's: below it, it is slower). Empty
+    when no method's records split their time."""
+    rows = {m: e for m, e in methods.items() if "time_split" in e}
+    if not rows:
+        return []
+    plain = rows.get("ar")
+    plain_ms = sum(plain["time_split"].values()) if plain else None
+    lines = ["## Where the time goes", "",
+             "Mean ms per step, all prompts: drafting (a Clover drafter's Augmenting Block "
+             "included), the drafters' state update, the target's forward over the tree, and "
+             "acceptance with the KV-cache compaction. Break-even: the tokens per step at which "
+             "a step this long decodes as fast as plain decoding here.", "",
+             "| method | draft | update | forward | accept | step | tokens/step | break-even tokens/step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, e in rows.items():
+        t = e["time_split"]
+        step = sum(t.values())
+        even = f"{step / plain_ms:.2f}" if plain_ms else "-"
+        lines.append(f"| {m} | {t['draft']:.2f} | {t['update']:.2f} | {t['forward']:.1f} | {t['accept']:.2f} "
+                     f"| {step:.1f} | {e['mean_accepted_length']:.2f} | {even} |")
+    return lines + [""]
 
 
 def batch_table(batch_summary: dict) -> list[str]:
