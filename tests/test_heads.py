@@ -373,7 +373,10 @@ def test_the_drafters_block_run_equals_the_transformers_forward(arch, kind, monk
     lean_calls, lean_run = [], ch.run_lean_block
     monkeypatch.setattr(ch, "run_lean_block", lambda *a: lean_calls.append(1) or lean_run(*a))
     pre = torch.randn(2, 24, target.hidden_size, generator=torch.Generator().manual_seed(3))
+    from clover.cache import buffered_cache
+
     lean, full = DynamicCache(config=block.config), DynamicCache(config=block.config)
+    last = buffered_cache(block.config)  # as the drafter runs it: the last position's output alone
     start = 0
     with torch.inference_mode():
         for t in (9, 1, 2, 3, 1, 4):  # a prefill, then decoding steps
@@ -382,13 +385,17 @@ def test_the_drafters_block_run_equals_the_transformers_forward(arch, kind, monk
             want = block(inputs_embeds=pre[:, start: start + t], position_ids=pos, cache=full,
                          use_cache=True).last_hidden_state  # the model's own forward
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            only = ch.run_augmenting_block(block, pre[:, start: start + t], last, start, last_only=True)
+            assert only.shape == (2, 1, target.hidden_size)
+            torch.testing.assert_close(only, want[:, -1:], atol=1e-5, rtol=1e-4)
             start += t
-    assert len(lean_calls) == (6 if arch != "gpt2" else 0)  # the lean run is what was compared
-    assert lean.get_seq_length() == full.get_seq_length() == start
+    assert len(lean_calls) == (12 if arch != "gpt2" else 0)  # the lean run is what was compared
+    assert lean.get_seq_length() == full.get_seq_length() == last.get_seq_length() == start
     assert len(lean.layers) == len(full.layers) == block.config.num_hidden_layers
-    for a, b in zip(lean.layers, full.layers):
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+    for a, b, c in zip(lean.layers, full.layers, last.layers):
+        for x in (a, c):
+            torch.testing.assert_close(x.keys, b.keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(x.values, b.values, atol=1e-5, rtol=1e-4)
 
 
 def test_clover_drafter_runs_its_block_only_when_it_drafts(monkeypatch):

@@ -86,7 +86,8 @@ def block_embeddings(prefix: str, block: nn.Module) -> list[str]:
     return [f"{prefix}.{n}.weight" for n, m in block.named_modules() if isinstance(m, nn.Embedding)]
 
 
-def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
+def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: int,
+                         last_only: bool = False) -> torch.Tensor:
     """Run an Augmenting Block causally over new positions: the model's forward, or, for
     a block in eval mode with a cache (drafting) whose layers :func:`lean_block` accepts,
     :func:`run_lean_block` (the same outputs, SDPA attention).
@@ -94,15 +95,17 @@ def run_augmenting_block(block: nn.Module, hidden: torch.Tensor, cache, start: i
     Args:
         hidden: (B, T, D) its input at positions ``start .. start + T - 1``.
         cache: the block's own DynamicCache (``start`` positions cached), or None.
+        last_only: only the last position's output is wanted (drafting reads h_0 there);
+            every position still enters the cache.
     Returns:
-        (B, T, D) the last layer's output.
+        (B, T, D) the last layer's output ((B, 1, D), the last position's, with ``last_only``).
     """
     if cache is not None and not block.training and lean_block(block):
-        return run_lean_block(block, hidden, cache, start)
+        return run_lean_block(block, hidden, cache, start, last_only)
     b, t, _ = hidden.shape
     pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
     out = block(inputs_embeds=hidden, position_ids=pos, cache=cache, use_cache=cache is not None)
-    return out.last_hidden_state
+    return out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
 
 
 def lean_block(block: nn.Module) -> bool:
@@ -116,7 +119,8 @@ def lean_block(block: nn.Module) -> bool:
                for layer in decoder_layers(block))
 
 
-def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) -> torch.Tensor:
+def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int,
+                   last_only: bool = False) -> torch.Tensor:
     """:func:`run_augmenting_block` over new positions on top of the block's cache, the
     same layers' arithmetic without the transformers model's wrapper around them (its
     mask and output bookkeeping cost about as much as the layer itself for the one to
@@ -125,11 +129,18 @@ def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) ->
     3.13 ms a step and Clover-2's 5.16 -> 4.44; the outputs equal). For a block in eval
     mode (no attention dropout) that passes :func:`lean_block`.
 
+    With ``last_only`` the last layer runs its query, attention, output projection and
+    MLP at the last position alone (the others only enter the cache as keys and values,
+    which is all that later positions read of them): the same output there, for the
+    T - 1 other positions' share of those products saved (a step that accepted two
+    drafts runs them over one row instead of three).
+
     Args:
         hidden: (B, T, D) the block's input at positions ``start .. start + T - 1``.
         cache: the block's DynamicCache, holding ``start`` positions per row.
+        last_only: only the last position's output is wanted.
     Returns:
-        (B, T, D) the last layer's output.
+        (B, T, D) the last layer's output ((B, 1, D) with ``last_only``).
     """
     b, t, _ = hidden.shape
     pos = torch.arange(start, start + t, device=hidden.device).unsqueeze(0).expand(b, -1)
@@ -140,17 +151,23 @@ def run_lean_block(block: nn.Module, hidden: torch.Tensor, cache, start: int) ->
         keys = torch.arange(start + t, device=hidden.device)
         mask = keys[None, :] <= keys[start:, None]  # (T, start + T) bool, True = attend
     h = hidden
-    for i, layer in enumerate(decoder_layers(block)):
+    layers = decoder_layers(block)
+    for i, layer in enumerate(layers):
         attn = layer.self_attn
         x = _rms_norm(layer.input_layernorm, h)
-        q, k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2)  # (B, heads, T, hd)
-                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q = q * cos + _rotate_half(q) * sin
+        k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2)  # (B, KVH, T, hd)
+                for proj in (attn.k_proj, attn.v_proj))
         k = k * cos + _rotate_half(k) * sin
         k, v = cache.update(k, v, i)  # (B, KVH, start + T, hd)
-        o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+        if last_only and i == len(layers) - 1:  # the last position's query alone: it sees every key
+            x, h, c, s_, m, tq = x[:, -1:], h[:, -1:], cos[:, :, -1:], sin[:, :, -1:], None, 1
+        else:
+            c, s_, m, tq = cos, sin, mask, t
+        q = attn.q_proj(x).view(b, tq, -1, attn.head_dim).transpose(1, 2)  # (B, H, T_q, hd)
+        q = q * c + _rotate_half(q) * s_
+        o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=attn.scaling,
                                                        enable_gqa=True)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, tq, -1))
         h = h + layer.mlp(_rms_norm(layer.post_attention_layernorm, h))
     return h
 
@@ -397,7 +414,7 @@ class CloverHeads(DraftHeads):
         copy_last_layer(self.augment, target)
         return self.to(device=target.device, dtype=target.dtype)
 
-    def augment_hidden(self, hidden_pre: torch.Tensor, cache, start: int) -> torch.Tensor:
+    def augment_hidden(self, hidden_pre: torch.Tensor, cache, start: int, last_only: bool = False) -> torch.Tensor:
         """Run the Augmenting Block causally over new target hidden states.
 
         Args:
@@ -405,10 +422,12 @@ class CloverHeads(DraftHeads):
                 packed features of :meth:`block_input`).
             cache: the block's own DynamicCache (``start`` positions cached), or None.
             start: position of the first new state.
+            last_only: h_0 at the last position alone (drafting); every position enters
+                the cache.
         Returns:
-            (B, T, D) h_0 per position.
+            (B, T, D) h_0 per position ((B, 1, D) with ``last_only``).
         """
-        return run_augmenting_block(self.augment, self.block_input(hidden_pre), cache, start)
+        return run_augmenting_block(self.augment, self.block_input(hidden_pre), cache, start, last_only)
 
     def augment_at(self, hidden_pre: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """h_0 at some positions of a batch: ``augment_hidden(hidden_pre, None, 0)[rows,
@@ -506,7 +525,7 @@ class CloverDrafter(RecurrentDrafter):
     def _run_block(self) -> None:
         """Run the Augmenting Block over the waiting positions (h_0: the last one's output)."""
         start = self.length
-        out = self.heads.augment_hidden(self._take_waiting().unsqueeze(0), self.cache, start)
+        out = self.heads.augment_hidden(self._take_waiting().unsqueeze(0), self.cache, start, last_only=True)
         self.h0 = out[0, -1]
 
     @property
