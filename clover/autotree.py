@@ -87,8 +87,9 @@ TIE_MARGIN = 0.03
 # How auto_tree times a budget, part of every stored choice's key: a choice measured
 # another way is measured again (2: drafting timed with the state refresh, after a
 # forward; 3: ties within TIE_MARGIN go to the smaller budget; 4: tau over
-# CALIBRATION_TOKENS = 128 tokens per prompt instead of 32)
-TIMING = 4
+# CALIBRATION_TOKENS = 128 tokens per prompt instead of 32; 5: heads draft through
+# kernels timed for them, the fp16 one among them, and a cheaper block and tree growth)
+TIMING = 5
 
 
 # A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
