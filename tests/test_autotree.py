@@ -12,10 +12,12 @@ from conftest import path_tokens, perturb, tiny_target
 
 
 def test_budget_subtree_equals_growing_with_that_budget():
-    """The best-N subtree of a big dynamic tree is the tree grown with budget N."""
+    """The best-N subtree of a big dynamic tree is the tree grown with budget N (each
+    node's children drawn from its own depth and token, as heads compute each row alone,
+    whichever nodes share the call)."""
     def expand(depth, ids, parents, tokens):
-        g = torch.Generator().manual_seed(depth * 1000 + sum(tokens))
-        return torch.softmax(3 * torch.randn(len(ids), 30, generator=g), -1)
+        rows = [torch.randn(30, generator=torch.Generator().manual_seed(depth * 1000 + t)) for t in tokens]
+        return torch.softmax(3 * torch.stack(rows), -1)
 
     big = grow_dynamic(0, TreeConfig(budget=40, branching=3), expand, 4)
     for b in (1, 3, 7, 15):
@@ -154,7 +156,8 @@ def test_auto_tree_times_each_budgets_drafting_with_its_state_refresh(monkeypatc
     observed = []
     block_run = ch.run_augmenting_block
     monkeypatch.setattr(ch, "run_augmenting_block",
-                        lambda block, h, cache, start: observed.append(h.shape[1]) or block_run(block, h, cache, start))
+                        lambda block, h, cache, start, *rest: observed.append(h.shape[1])
+                        or block_run(block, h, cache, start, *rest))
     order = []
 
     def fake(fns, repeats):  # call i costs i ms; record which budget's calls draft
