@@ -239,6 +239,8 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     check_text(args.prompt)  # before the model loads: bytes that were not UTF-8
+    for i, stop in enumerate(args.stop, 1):  # a stop text with such a byte could never match
+        check_text(stop, f"--stop {i}" if len(args.stop) > 1 else "--stop")
     tree = parse_tree_spec(args.tree)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)

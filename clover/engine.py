@@ -82,7 +82,7 @@ from clover.cache import append_rows, buffered_cache, cache_length, compact_rows
 from clover.heads import DraftHeads, PlainDrafter, check_fits
 from clover.heads.drafter import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
-from clover.models import TargetModel, TextStream
+from clover.models import TargetModel, TextStream, check_text
 from clover.trace import TARGET_TOP, GenerationResult, StepTrace, TreeNode
 from clover.tree import (Tree, TreeConfig, batch_position_ids, batch_tree_mask, position_ids,
                          tree_mask)
@@ -348,7 +348,9 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
     Raises:
         ValueError: empty prompt, token ids outside the vocabulary, prompt (plus
             ``max_new_tokens``) longer than the model's context, ``max_new_tokens`` not a
-            positive integer, an empty or non-string stop string.
+            positive integer, an empty or non-string stop string, or one that is not
+            valid UTF-8 text (a byte that was not UTF-8 on the command line: it could
+            never match).
     """
     if not prompt:
         raise ValueError("the prompt is empty")
@@ -356,9 +358,10 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if isinstance(stop_strings, str):
         raise ValueError("stop_strings must be a list of strings, not one string")
-    for s in stop_strings:
+    for i, s in enumerate(stop_strings, 1):
         if not isinstance(s, str) or s == "":
             raise ValueError(f"stop strings must be non-empty text, got {s!r}")
+        check_text(s, f"stop string {i}" if len(stop_strings) > 1 else "the stop string")
     if min(prompt) < 0 or max(prompt) >= target.vocab_size:
         raise ValueError(f"prompt token ids must lie in the vocabulary [0, {target.vocab_size})")
     context = f"the model's context of {target.max_context}"

@@ -215,3 +215,82 @@ def test_notebook_02_runs_from_another_directory(tmp_path, monkeypatch):
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{}", "field 'kind' is missing (one of medusa, clover, clover2)"),
+    ('{"num_heads": 2}', "field 'kind' is missing"),
+    ('{"kind": 3}', "field 'kind' must be a string, got 3"),
+    ('{"kind": "eagle9"}', "unknown head kind 'eagle9'"),
+    ('{"kind": "clover", "num_heads": "2"}', "field 'num_heads' must be an integer, got '2'"),
+    ('{"kind": "clover", "num_heads": true}', "field 'num_heads' must be an integer, got True"),
+    ('{"kind": "clover", "num_heads": 0}', "num_heads must be >= 1"),
+    ('[1, 2]', "expected a JSON object of head settings, got list"),
+    ("{'kind': 'clover'}", "is not valid JSON (Expecting property name"),
+    (b"\xff\xfe{}", "is not UTF-8 text"),
+])
+def test_a_heads_config_fault_is_one_line_naming_the_file_and_the_field(tmp_path, tiny_dir, capsys, text, expected):
+    """Every fault in a heads folder's config.json (missing or unknown kind, a field of the
+    wrong type or out of range, not an object, not JSON, not text) is one ValueError line
+    naming the file and the field, in the library, the CLI (exit 2, no traceback) and the
+    app's model loader."""
+    from app.registry import get_model
+    from clover.cli import main
+
+    target = tiny_target("llama", vocab_size=64)
+    folder, _ = _saved(tmp_path, target)
+    config = folder / "config.json"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError) as e:
+        load_heads(folder, target)
+    message = str(e.value)
+    assert message.startswith(str(config)) and expected in message and "\n" not in message
+    rc = main(["generate", "--model", str(tiny_dir), "--heads", str(folder), "--method", "clover",
+               "--prompt", "hi", "--max-new-tokens", "2", "--tree", "dynamic:budget=2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err and str(config) in err and "Traceback" not in err
+    with pytest.raises(ValueError) as e:
+        get_model(str(tiny_dir), str(folder))
+    assert expected in str(e.value) and str(config) in str(e.value)
+
+
+def test_a_stop_text_with_a_byte_that_was_not_utf8_is_refused(tiny_dir, capsys):
+    """A stop string holding a lone surrogate (a Latin-1 byte on the command line) could
+    never match: it is refused like such a prompt, naming which stop string, in the
+    library (every caller's check) and the CLI (exit 2, before the model loads)."""
+    from clover.cli import main
+    from clover.engine import validate_request
+
+    target = tiny_target("llama", vocab_size=64)
+    latin1 = b"fin\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match="the stop string is not valid UTF-8 text: the byte 0xe9 at character 4"):
+        validate_request(target, [3, 4], 8, [latin1])
+    with pytest.raises(ValueError, match=r"stop string 2 is not valid UTF-8 text: U\+D800"):
+        validate_request(target, [3, 4], 8, ["ok", "a\ud800"])
+    with pytest.raises(ValueError, match="stop string 2"):
+        Engine(target).generate([3, 4], 4, stop_strings=["ok", latin1])
+    for stops, named in (([latin1], "--stop is not valid UTF-8"), (["ok", latin1], "--stop 2 is not valid UTF-8")):
+        args = ["generate", "--model", str(tiny_dir), "--prompt", "hi"]
+        for s in stops:
+            args += ["--stop", s]
+        rc = main(args)
+        err = capsys.readouterr().err
+        assert rc == 2 and named in err and "Traceback" not in err
+    validate_request(target, [3, 4], 8, ["fin", "café"])  # real text is fine
+
+
+@pytest.mark.parametrize("transcript,turn", [
+    ("System: be brief\nUser:", "turn 2 of the conversation (the user message) is empty"),
+    ("System: be brief\nUser:   \nAssistant: ok\nUser: go on", "turn 2 of the conversation (the user message)"),
+    ("System:\nUser: hi", "turn 1 of the conversation (the system message) is empty"),
+    ("User: hi\nAssistant:\nUser: and?", "turn 2 of the conversation (the assistant message) is empty"),
+])
+def test_an_empty_turn_is_an_error_like_an_empty_prompt(transcript, turn):
+    """A transcript with an empty turn (a 'User:' line with nothing after it, after a
+    system line, or an empty system or assistant turn) is refused with the turn named,
+    never sent as an empty message."""
+    from app.settings import parse_chat
+
+    target = tiny_target("llama", vocab_size=64)
+    with pytest.raises(ValueError, match=turn.replace("(", r"\(").replace(")", r"\)")):
+        encode_prompt(target.tokenizer, parse_chat(transcript))

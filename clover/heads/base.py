@@ -213,11 +213,25 @@ class DraftHeads(nn.Module):
 
         Raises:
             FileNotFoundError: when the folder holds no heads.
+            ValueError: one line naming the file and what is wrong with it: not readable
+                JSON, or a field missing, of the wrong type, unknown or out of range
+                (:meth:`HeadConfig.from_dict`).
         """
         cfg = Path(path) / CONFIG_FILE
         if not cfg.is_file() or not (Path(path) / WEIGHTS_FILE).is_file():
             raise FileNotFoundError(f"no heads in {path}: expected {CONFIG_FILE} and {WEIGHTS_FILE}")
-        return HeadConfig.from_dict(json.loads(cfg.read_text()))
+        try:
+            data = json.loads(cfg.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{cfg} is not UTF-8 text: a heads folder's {CONFIG_FILE} is the JSON "
+                             f"that save_pretrained writes") from None
+        except ValueError as e:
+            raise ValueError(f"{cfg} is not valid JSON ({e}): a heads folder's {CONFIG_FILE} is the "
+                             f"JSON that save_pretrained writes") from None
+        try:
+            return HeadConfig.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{cfg}: {e}") from None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target) -> "DraftHeads":

@@ -105,8 +105,38 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "HeadConfig":
-        known = {f.name for f in fields(cls)}
+        """A config from a dict (a heads folder's ``config.json``); fields it does not
+        know are ignored (heads saved by later versions).
+
+        Raises:
+            ValueError: one line naming the field: ``d`` is not a dict, ``kind`` is
+                missing or unknown, a field has the wrong type, or a value is out of range.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object of head settings, got {type(d).__name__}")
+        if "kind" not in d:
+            raise ValueError(f"field 'kind' is missing (one of {', '.join(HEAD_KINDS)})")
+        known = {f.name: f for f in fields(cls)}
+        for name, value in d.items():
+            if name in known and not _has_type(value, known[name].type):
+                raise ValueError(f"field {name!r} must be {_TYPE_WORDS[known[name].type]}, got {value!r}")
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# the JSON types of HeadConfig's fields (as their annotations read under
+# ``from __future__ import annotations``) and how an error names them
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "dict": "a JSON object", "list": "a JSON list"}
+
+
+def _has_type(value, annotation: str) -> bool:
+    """Whether a JSON value fits a field annotated ``annotation`` (bool is not an int)."""
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    kinds = {"str": str, "bool": bool, "dict": dict, "list": list}
+    return isinstance(value, kinds.get(annotation, object))
 
 
 def fingerprint_matches(config: HeadConfig, target) -> bool:

@@ -138,8 +138,9 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         chat: apply the tokenizer's chat template (with the generation prompt) when it
             has one; plain text otherwise.
     Raises:
-        ValueError: for an empty prompt, text that is not valid Unicode (:func:`check_text`),
-            or a conversation the chat template rejects.
+        ValueError: for an empty prompt or an empty turn of a conversation, text that is
+            not valid Unicode (:func:`check_text`), or a conversation the chat template
+            rejects.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -150,8 +151,11 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         messages = list(prompt)
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):
             raise ValueError("the prompt is empty")
-        for m in messages:
+        for i, m in enumerate(messages, 1):
             check_text(m.get("content", ""), f"the {m.get('role', 'chat')} message")
+            if not m.get("content", "").strip():
+                raise ValueError(f"turn {i} of the conversation (the {m.get('role', 'chat')} message) is empty: "
+                                 f"every turn needs text")
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_ids(tokenizer, messages)
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
