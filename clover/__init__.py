@@ -23,7 +23,8 @@ __all__ = ["Engine", "engine_for", "ALL_METHODS", "LookupConfig", "SamplingConfi
 
 
 def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num_heads: int = 3,
-               lookup=None, *, recalibrate: bool = False, batch_size: int = 1, pad_verify: bool = False):
+               lookup=None, *, recalibrate: bool = False, batch_size: int = 1, pad_verify: bool = False,
+               progress=None):
     """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
     :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
     target, else fresh ones) and the tree setting resolved for this machine by
@@ -40,13 +41,15 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
             fastest (:func:`clover.autotree.verify_widths`, measured once per target:
             seconds on a CPU); the text is unchanged. A lookup chain sized by the verify
             cost curve is then sized by the padded steps' costs.
+        progress: follows an auto tree's measurement, ``progress(what, done, total)``
+            (:func:`clover.autotree.auto_tree`).
     Raises:
         ValueError: unknown method, heads that do not fit.
     """
     kind, uses_lookup = split_method(method)
     heads = heads_for(kind, target, heads_dir, num_heads)[0] if kind else None
     tree, lookup = resolve_tree(target, heads, tree, (lookup or LookupConfig()) if uses_lookup else None,
-                                recalibrate=recalibrate, batch_size=batch_size)
+                                recalibrate=recalibrate, batch_size=batch_size, progress=progress)
     engine = Engine(target, heads, tree, lookup)
     if pad_verify:  # the plan covers the most tokens this engine's steps verify
         widths, costs = calibrator_for(target).verify_plan(engine.max_step_tokens)

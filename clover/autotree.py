@@ -29,6 +29,7 @@ settings to the engine, which never measures.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -155,19 +156,25 @@ def budget_subtree(tree: Tree, budget: int) -> set[int]:
     return {0, *best_by_joint(tree.joint_probs(), tree.depths, budget)}
 
 
-def interleaved_ms(fns, repeats: int) -> list[list[float]]:
+def interleaved_ms(fns, repeats: int, deadline: float | None = None, progress=None) -> list[list[float]]:
     """Wall times in ms of ``repeats`` calls of each of ``fns``, after one warm-up call of
     each (CUDA synchronised after each call when a GPU is present): one list per function.
 
     The calls are interleaved (round-robin: f1 f2 ... f1 f2 ...) rather than timed one
     function after another, so that a slow spell of the machine (another process, the
     clock) touches every function alike and their ratios, on which the auto tree decides,
-    stay steady from one calibration to the next.
+    stay steady from one calibration to the next. Past ``deadline`` (``time.monotonic()``)
+    no further round starts (one always runs); ``progress(what, done, total)`` is called
+    after each round.
     """
     for fn in fns:
         fn()  # warm-up
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
+    for r in range(repeats):
+        if r and deadline is not None and time.monotonic() > deadline:
+            break
+        if r and progress is not None:
+            progress("timing the budgets", r, repeats)
         for i, fn in enumerate(fns):
             t = time.perf_counter()
             fn()
@@ -364,8 +371,8 @@ _TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _TEXTS_LOCK = threading.Lock()
 
 
-def calibration_texts(target, prompts=CALIBRATION_PROMPTS,
-                      tokens: int = CALIBRATION_TOKENS) -> list[CalibrationText]:
+def calibration_texts(target, prompts=CALIBRATION_PROMPTS, tokens: int = CALIBRATION_TOKENS,
+                      path=None, deadline: float | None = None, progress=None) -> list[CalibrationText]:
     """The target's greedy answers to ``prompts`` (up to ``tokens`` each; fewer where the
     model's context is short, none for a prompt that leaves under 2 tokens of room), with
     its hidden states over prompt and answer: the text :func:`auto_tree` measures tau on.
@@ -374,8 +381,16 @@ def calibration_texts(target, prompts=CALIBRATION_PROMPTS,
     length and captured feature layers and held for the target's life: every heads calibrated
     on the same target (the app's Medusa, Clover and Clover-2, the tests' fixtures) reads
     the same text instead of decoding it again (7 prompts x 128 tokens, about 30 s on a
-    2-core CPU).
+    2-core CPU). The answers' token ids are also kept on disk (``path``, default
+    ``$CLOVER_CACHE_DIR/calibration-texts.json``, keyed by the target's name, fingerprint
+    and a sample of its weights, the encoded prompts and ``tokens``), so a later process
+    only runs one forward per text for its hidden states.
 
+    Args:
+        deadline: a ``time.monotonic()`` time after which answers not yet decoded are
+            cut short (at least 2 tokens each; such texts are used, never stored): the
+            bounded sizing of a busy machine (:func:`auto_tree`'s ``budget_s``).
+        progress: called as ``progress(what, done, total)`` after each text.
     Returns:
         one :class:`CalibrationText` per prompt that fits, in order.
     """
@@ -383,24 +398,104 @@ def calibration_texts(target, prompts=CALIBRATION_PROMPTS,
     key = (encoded, int(tokens), tuple(target.feature_layers))
     with _TEXTS_LOCK:
         held = _TEXTS.setdefault(target, {})
-        if key not in held:
-            texts = []
-            with torch.inference_mode():
-                for ids in map(list, encoded):
-                    n = min(tokens, target.max_context - len(ids))
-                    if n < 2:
-                        continue
-                    seq = ids + Engine(target).generate(ids, n).token_ids
-                    out = target.forward(torch.tensor([seq], device=target.device),
-                                         torch.arange(len(seq), device=target.device)[None], None, None)
-                    texts.append(CalibrationText(len(ids), seq, out.hidden_pre, out.hidden_post))
+        if key in held:
+            return list(held[key])
+        store = _TextStore(path, target, encoded, tokens)
+        answers, complete = store.read(), True
+        texts, made = [], {}
+        with torch.inference_mode():
+            for i, ids in enumerate(map(list, encoded)):
+                n = min(tokens, target.max_context - len(ids))
+                if n < 2:
+                    continue
+                answer = answers.get(i) if answers else None
+                if answer is None:
+                    if deadline is not None and time.monotonic() > deadline:
+                        n, complete = 2, False  # out of time: a stub, so every task kind still counts
+                    answer, cut = _answer(target, ids, n, deadline)
+                    complete = complete and not cut
+                made[i] = answer
+                seq = ids + answer
+                out = target.forward(torch.tensor([seq], device=target.device),
+                                     torch.arange(len(seq), device=target.device)[None], None, None)
+                texts.append(CalibrationText(len(ids), seq, out.hidden_pre, out.hidden_post))
+                if progress is not None:
+                    progress("calibration text", i + 1, len(encoded))
+        if complete:
             held[key] = texts
-        return list(held[key])
+            if answers is None:
+                store.write(made)
+        return list(texts)
+
+
+def _answer(target, ids: list[int], n: int, deadline: float | None) -> tuple[list[int], bool]:
+    """The target's greedy answer to ``ids``, ``n`` tokens (or to its EOS), and whether
+    it was cut short: past ``deadline`` (``time.monotonic()``) it stops where it is (at
+    least 2 tokens)."""
+    tokens: list[int] = []
+    for step in Engine(target).stream(ids, n):
+        tokens += step.new_tokens
+        if deadline is not None and len(tokens) >= 2 and not step.finished and time.monotonic() > deadline:
+            return tokens, True
+    return tokens, False
+
+
+class _TextStore:
+    """The calibration answers of one target on disk: a JSON file of records keyed by
+    the target (name, fingerprint), the encoded prompts and the token count, each
+    ``{prompt index: answer token ids}``. Unreadable files count as empty; a write that
+    fails is logged, never raised."""
+
+    def __init__(self, path, target, encoded, tokens: int):
+        import hashlib
+        from pathlib import Path
+
+        from clover.assets import cache_root
+
+        self.path = Path(path or cache_root() / "calibration-texts.json")
+        h = hashlib.sha1(repr((encoded, int(tokens))).encode())
+        for w in (target.lm_head.weight, next(target.model.parameters())):  # these weights, not just this config
+            h.update(w.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+        fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
+        self.key = f"{target.name}|{fingerprint}|{h.hexdigest()[:16]}"
+
+    def _all(self) -> dict:
+        import json
+
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def read(self) -> dict[int, list[int]] | None:
+        record = self._all().get(self.key)
+        if not isinstance(record, dict):
+            return None
+        try:
+            return {int(i): [int(t) for t in answer] for i, answer in record.items()}
+        except (TypeError, ValueError):
+            return None
+
+    def write(self, answers: dict[int, list[int]]) -> None:
+        import json
+        import os
+
+        try:
+            data = self._all()
+            data[self.key] = {str(i): a for i, a in answers.items()}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError:
+            log.warning("could not store the calibration texts in %s", self.path, exc_info=True)
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
               prompts=CALIBRATION_PROMPTS, tokens: int = CALIBRATION_TOKENS, repeats: int = 7,
-              prefix_len: int = 256, batch_size: int = 1) -> tuple[TreeConfig, AutoTreeReport]:
+              prefix_len: int = 256, batch_size: int = 1, budget_s: float | None = None,
+              progress=None, texts_path=None) -> tuple[TreeConfig, AutoTreeReport]:
     """Pick the dynamic tree budget that maximises expected tokens/s (the smallest within
     :data:`TIE_MARGIN` of the fastest, :func:`pick_budget`), or no tree (kind
     "off", ``report.chosen`` 0) when none is expected to beat plain decoding by at
@@ -423,9 +518,20 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         prefix_len: cached prefix length for the timing forwards (capped so that the
             deepest tree still fits the model's context).
         batch_size: rows decoded together (B >= 1).
+        budget_s: seconds the whole sizing may take (None: as long as it takes, about
+            30-40 s per heads on an idle 2-core CPU the first time, the calibration texts
+            then kept): the texts not yet on disk are cut short past 40% of it, tau is
+            measured at every k-th position of the texts so that drafting ends by 70% of
+            it, and the timing rounds stop at it (at least one). For a busy machine
+            (:func:`calibrate`), whose choice is provisional anyway.
+        progress: called as ``progress(what, done, total)`` as the sizing advances (a
+            progress bar's update; the library prints nothing).
+        texts_path: where the calibration texts are kept (:func:`calibration_texts`).
     Returns:
         (the chosen TreeConfig, the AutoTreeReport behind the choice).
     """
+    t0 = time.monotonic()
+    at = (lambda share: None) if budget_s is None else (lambda share: t0 + share * budget_s)
     base = base or TreeConfig()
     if heads is None:
         return base, AutoTreeReport([], [], [], [], 0.0, base.budget)
@@ -436,16 +542,28 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
 
     # tau(N) from the calibration text
     lengths = {b: [] for b in budgets}
+    texts = calibration_texts(target, prompts, tokens, texts_path, deadline=at(0.4), progress=progress)
+    total = sum(len(t.token_ids) - t.prompt_len for t in texts)
+    stride, done, t_first = 1, 0, 0.0  # draft at every stride-th position; drafts so far; when they began
     with torch.inference_mode():
-        for text in calibration_texts(target, prompts, tokens):
+        for text in texts:
             seq, start = text.token_ids, text.prompt_len - 1
             drafter = heads.drafter(target, big)
             drafter.observe(text.hidden_pre[:start], text.hidden_post[:start], seq[:start])
             for pos in range(start, len(seq) - 1):  # root = seq[pos]
-                tree = drafter.draft(seq[pos], depth)
-                truth = seq[pos + 1: pos + 1 + depth]
-                for b in budgets:
-                    lengths[b].append(greedy_accepted_length(tree, budget_subtree(tree, b), truth))
+                if (pos - start) % stride == 0:
+                    t_first = t_first or time.monotonic()
+                    tree = drafter.draft(seq[pos], depth)
+                    truth = seq[pos + 1: pos + 1 + depth]
+                    for b in budgets:
+                        lengths[b].append(greedy_accepted_length(tree, budget_subtree(tree, b), truth))
+                    done += 1
+                    if budget_s is not None and done == 4:  # four drafts timed: space the rest to fit
+                        per = (time.monotonic() - t_first) / 4
+                        room = max(at(0.7) - time.monotonic(), 1e-3)
+                        stride = max(1, math.ceil((total - done) * per / room))
+                    if progress is not None and done % 16 == 0:
+                        progress("drafting over the texts", min(done * stride, total), total)
                 drafter.observe(text.hidden_pre[pos: pos + 1], text.hidden_post[pos: pos + 1], seq[pos: pos + 1])
     if not lengths[budgets[0]]:
         log.warning("auto tree: no calibration prompt fits the model's context of %d; "
@@ -494,7 +612,7 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
         # heads' weights are timed as they are read there (out of the caches the target's
         # weights have just swept), not warm from the previous budget's drafting
         before = load_snapshot()
-        times = interleaved_ms([verify(root_only(root, target.device))] + steps, repeats)
+        times = interleaved_ms([verify(root_only(root, target.device))] + steps, repeats, at(1.0), progress)
         others = others_load(before, load_snapshot())
     # each call's quiet floor (its fastest repeat) decides: load only ever adds time, so
     # the floors are the nearest to the idle machine's costs
@@ -533,11 +651,6 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    h = hashlib.sha1()
-    for name, p in sorted(heads.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(p.shape)).encode())
-        h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
     cpu = platform.processor() or platform.machine()
     try:  # the model name of the CPU where Linux says it
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -558,9 +671,34 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     return "|".join([target.name, fingerprint, str(target.dtype), device,
                      f"threads={torch.get_num_threads()}", cpu, *versions,
                      f"kernels={getattr(target, 'linear_kernels_text', 'off')}",
-                     f"heads={h.hexdigest()[:16]}", repr(replace(base, budget=1, auto=False)),
+                     f"heads={heads_digest(heads)}", repr(replace(base, budget=1, auto=False)),
                      f"timing={TIMING}"]
                     + ([f"batch={batch_size}"] if batch_size > 1 else []))
+
+
+def heads_digest(heads) -> str:
+    """A short hash of the heads' weights (names, shapes and the first 4,096 values of
+    each tensor)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for name, p in sorted(heads.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def calibration_family(target, heads, base: TreeConfig, batch_size: int = 1) -> str:
+    """What a stored choice is *for*, whatever the conditions it was measured under (the
+    thread count, the versions, the kernels, :data:`TIMING`): the target, the heads'
+    weights, the base tree and the batch size. A choice of the same family stands in,
+    with a note, where none was measured under this :func:`calibration_key` and the
+    machine is busy (:func:`calibrate`)."""
+    fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
+    return "|".join([target.name, fingerprint, str(target.dtype), str(target.device.type),
+                     f"heads={heads_digest(heads)}", repr(replace(base, budget=1, auto=False)),
+                     f"batch={batch_size}"])
 
 
 @dataclass
@@ -575,9 +713,15 @@ class Calibration:
         expected: ``best_budget``'s expected speedup over plain decoding (x), or None.
         best_budget: the budget :func:`pick_budget` took (also when ``tree`` is off).
         busy: the machine was busy while timing (:attr:`AutoTreeReport.busy`): the choice
-            holds for this process only and was not stored.
+            is stored as provisional.
         stored: read from the store rather than measured now.
         date: when it was measured (UTC, ISO 8601), or None.
+        provisional: measured on a busy machine (stored so, with the load it saw): used
+            until a measurement on a quiet machine replaces it.
+        others_load: CPUs' worth of other processes' work while it was timed (None: unknown).
+        note: one line for the user where the choice stands in for a measurement not
+            made now (a provisional one, or one of another thread count or an older
+            timing version), else "".
     """
 
     tree: TreeConfig
@@ -587,6 +731,9 @@ class Calibration:
     busy: bool = False
     stored: bool = False
     date: str | None = None
+    provisional: bool = False
+    others_load: float | None = None
+    note: str = ""
 
     @classmethod
     def from_record(cls, base: TreeConfig, record) -> "Calibration | None":
@@ -599,18 +746,51 @@ class Calibration:
         tree = (replace(base, kind="off", auto=False) if budget == 0
                 else replace(base, kind="dynamic", budget=budget, auto=False))
         return cls(tree, record.get("plain_ms"), record.get("expected"), record.get("best_budget"),
-                   stored=True, date=record.get("date"))
+                   stored=True, date=record.get("date"), provisional=bool(record.get("provisional")),
+                   others_load=record.get("others_load"))
+
+    def describe(self) -> str:
+        """One line on what was chosen and why: the tree, the expected speedup, how it
+        was measured (quiet, busy, stored) and any stand-in note."""
+        what = "no tree (none beats plain decoding here)" if self.tree.off else f"{self.tree.budget} drafted tokens"
+        gain = f", expected {self.expected:.2f}x plain" if self.expected else ""
+        how = ("measured on a busy machine, provisional" if self.provisional or self.busy
+               else "measured on a quiet machine")
+        when = "stored" if self.stored else "measured now"
+        return f"auto tree: {what}{gain} ({how}; {when})" + (f"; {self.note}" if self.note else "")
+
+
+# seconds the auto tree may spend sizing on a busy machine (auto_tree's budget_s): its
+# choice is provisional and is measured again once the machine is quiet
+BUSY_BUDGET_S = 15.0
+
+
+def machine_busy() -> bool:
+    """Whether other processes keep the CPUs busy now (over :data:`BUSY_OTHERS` CPUs'
+    worth of work in a 0.15 s window, :func:`others_cpu_load`); False where that cannot
+    be read."""
+    others = others_cpu_load()
+    return others is not None and others > BUSY_OTHERS
 
 
 def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure: bool = True,
-              recalibrate: bool = False, batch_size: int = 1) -> Calibration | None:
-    """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI: the
-    stored choice where one was measured under the same :func:`calibration_key`, else
-    measured now (``measure``), else None.
+              recalibrate: bool = False, batch_size: int = 1, progress=None) -> Calibration | None:
+    """:func:`auto_tree`, remembered in a JSON file across runs of the app or CLI.
 
-    A measurement taken while the machine was busy (:attr:`AutoTreeReport.busy`) is used
-    but not stored, so the next start measures again; a quiet one is stored with its
-    figures (budget, plain step ms, expected speedup, date).
+    The rule (the CLI, the bench and the app all come here, through
+    :class:`Calibrator`):
+
+    * a choice stored under this :func:`calibration_key` and measured on a quiet machine
+      is used;
+    * a provisional one (measured while the machine was busy), or where none is stored
+      under this key, one of the same :func:`calibration_family` (another thread count,
+      an older :data:`TIMING`), is used at once, with a note (``Calibration.note``),
+      while the machine is busy (:func:`machine_busy`) or ``measure`` is False; on a
+      quiet machine it is measured again;
+    * otherwise it is measured now (``measure``), else None. On a busy machine the
+      measurement is bounded (:data:`BUSY_BUDGET_S`, :func:`auto_tree`'s ``budget_s``)
+      and stored as provisional with the load it saw, never over a quiet one; a quiet
+      one is stored with its figures (budget, plain step ms, expected speedup, date).
 
     Args:
         heads: the method's draft heads (must not be None).
@@ -619,10 +799,10 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
             ``~/.cache/clover-studio/autotree.json``).
         recalibrate: measure again (and store) even where a choice is stored.
         batch_size: the batch size the tree is for (:func:`auto_tree`).
+        progress: passed to :func:`auto_tree` (``progress(what, done, total)``).
     """
     import datetime
     import json
-    import os
     from pathlib import Path
 
     from clover.assets import cache_root
@@ -630,36 +810,78 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
     base = replace(base or TreeConfig(), auto=False)
     path = Path(path or cache_root() / "autotree.json")
     key = calibration_key(target, heads, base, batch_size)
+    family = calibration_family(target, heads, base, batch_size)
+    stored = _read_store(path)
+    found = Calibration.from_record(base, stored.get(key))
+    if found is not None and not recalibrate and not found.provisional:
+        return found
+    stand_in = found
+    if stand_in is not None:
+        stand_in = replace(stand_in, note="measured while the machine was busy; measured again when it is quiet "
+                                          "(or with --recalibrate)")
+    else:  # the newest choice of the same family, measured under other conditions
+        kin = sorted((r for k, r in stored.items() if isinstance(r, dict) and r.get("family") == family),
+                     key=lambda r: str(r.get("date", "")))
+        newest = Calibration.from_record(base, kin[-1]) if kin else None
+        if newest is not None:
+            stand_in = replace(newest,
+                               note="stored for these heads under other settings (thread count, versions or "
+                                    "timing); measured again when the machine is quiet (or with --recalibrate)")
+    busy = None
+    if stand_in is not None and not recalibrate:
+        if not measure or (busy := machine_busy()):
+            return stand_in
+    if not measure:
+        return None
+    if busy is None:
+        busy = machine_busy()
+    tree, report = auto_tree(target, heads, base, batch_size=batch_size,
+                             budget_s=BUSY_BUDGET_S if busy else None, progress=progress)
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    provisional = busy or report.busy
+    cal = Calibration(tree, report.plain_ms or None, report.expected or None, report.best_budget or None,
+                      report.busy, date=date, provisional=provisional, others_load=report.others_load,
+                      note="measured while the machine was busy; measured again when it is quiet" if provisional
+                      else "")
+    keep_quiet = found is not None and not found.provisional  # never replace a quiet choice by a busy one
+    if report.budgets and not (provisional and keep_quiet):
+        _write_record(path, key, {"budget": 0 if tree.off else tree.budget,
+                                  "plain_ms": round(report.plain_ms, 3),
+                                  "expected": round(report.expected, 4),
+                                  "best_budget": report.best_budget,
+                                  "spread": round(report.spread, 3), "date": date,
+                                  "others_load": None if report.others_load is None
+                                  else round(report.others_load, 2),
+                                  "provisional": provisional, "family": family})
+    return cal
+
+
+def _read_store(path) -> dict:
+    """The auto-tree store's records (an unreadable or foreign file counts as empty)."""
+    import json
+
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        stored = {}
-    found = Calibration.from_record(base, stored.get(key)) if isinstance(stored, dict) else None
-    if found is not None and not recalibrate:
-        return found
-    if not measure:
-        return None
-    tree, report = auto_tree(target, heads, base, batch_size=batch_size)
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cal = Calibration(tree, report.plain_ms or None, report.expected or None,
-                      report.best_budget or None, report.busy, date=date)
-    if report.budgets and not report.busy:  # a real, quiet measurement
-        try:
-            stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-            stored[key] = {"budget": 0 if tree.off else tree.budget,
-                           "plain_ms": round(report.plain_ms, 3),
-                           "expected": round(report.expected, 4),
-                           "best_budget": report.best_budget,
-                           "spread": round(report.spread, 3), "date": date,
-                           "others_load": None if report.others_load is None
-                           else round(report.others_load, 2)}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
-            tmp.replace(path)
-        except (OSError, ValueError):
-            log.warning("could not store the auto tree in %s", path, exc_info=True)
-    return cal
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _write_record(path, key: str, record: dict) -> None:
+    """Store one record under ``key`` (atomically: a temporary file, then a rename); a
+    failure is logged, never raised."""
+    import json
+    import os
+
+    try:
+        stored = _read_store(path)
+        stored[key] = record
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        log.warning("could not store the auto tree in %s", path, exc_info=True)
 
 
 def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,
@@ -713,17 +935,18 @@ class Calibrator:
         return self._calibrations.get(heads, {}).get((self._base(base), batch_size))
 
     def calibration(self, heads, base: TreeConfig | None = None, batch_size: int = 1,
-                    measure: bool = True, recalibrate: bool = False) -> Calibration | None:
+                    measure: bool = True, recalibrate: bool = False, progress=None) -> Calibration | None:
         """The auto tree of ``heads`` on this machine with its figures: held in memory,
-        else read from the store, else measured now (``measure``; stored when the machine
-        was quiet, :func:`calibrate`), else None. ``recalibrate`` measures again."""
+        else as :func:`calibrate` rules (stored, a stand-in while the machine is busy, or
+        measured now when ``measure``), else None. ``recalibrate`` measures again;
+        ``progress`` follows a measurement (:func:`auto_tree`)."""
         base = self._base(base)
         if not recalibrate and (cal := self.known(heads, base, batch_size)) is not None:
             return cal
         with self.lock:
             if not recalibrate and (cal := self.known(heads, base, batch_size)) is not None:
                 return cal  # measured by another thread meanwhile
-            cal = calibrate(self.target, heads, base, self.path, measure, recalibrate, batch_size)
+            cal = calibrate(self.target, heads, base, self.path, measure, recalibrate, batch_size, progress)
             if cal is not None:
                 self._calibrations.setdefault(heads, {})[base, batch_size] = cal
             return cal
@@ -783,7 +1006,7 @@ class Calibrator:
         return replace(lookup, costs=tuple(self.verify_costs(lookup.max_tokens + 1, batch_size)))
 
     def resolve(self, heads, tree: TreeConfig | None = None, lookup=None, *, measure: bool = True,
-                recalibrate: bool = False, batch_size: int = 1):
+                recalibrate: bool = False, batch_size: int = 1, progress=None):
         """The tree setting made concrete for this machine (:func:`resolve_tree`).
 
         Returns:
@@ -796,7 +1019,8 @@ class Calibrator:
             lookup = self.lookup(lookup, batch_size)
         if heads is None:
             return replace(tree, auto=False), lookup
-        cal = self.calibration(heads, tree, batch_size, measure=measure, recalibrate=recalibrate)
+        cal = self.calibration(heads, tree, batch_size, measure=measure, recalibrate=recalibrate,
+                               progress=progress)
         return (tree if cal is None else cal.tree), lookup
 
 
@@ -821,7 +1045,7 @@ def calibrator_for(target, path=None) -> Calibrator:
 
 
 def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, path=None,
-                 measure: bool = True, recalibrate: bool = False, batch_size: int = 1):
+                 measure: bool = True, recalibrate: bool = False, batch_size: int = 1, progress=None):
     """The one place where the tree setting "auto" becomes a concrete tree for this
     machine; the CLI, the bench, the app and the notebooks call it (or the same
     :meth:`Calibrator.resolve`) before building an :class:`~clover.engine.Engine` (which
@@ -844,8 +1068,9 @@ def resolve_tree(target, heads, tree: TreeConfig | None = None, lookup=None, *, 
             back still marked ``auto`` (the app then decides what to run meanwhile).
         batch_size: the heads' tree and the lookup cost curve are sized for batches of
             this many rows.
+        progress: follows a measurement, ``progress(what, done, total)`` (:func:`auto_tree`).
     Returns:
         (tree, lookup).
     """
-    return calibrator_for(target, path).resolve(heads, tree, lookup, measure=measure,
-                                                recalibrate=recalibrate, batch_size=batch_size)
+    return calibrator_for(target, path).resolve(heads, tree, lookup, measure=measure, recalibrate=recalibrate,
+                                                batch_size=batch_size, progress=progress)

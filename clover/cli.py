@@ -29,7 +29,9 @@ def _positive_int(text: str) -> int:
 
 RECALIBRATE_HELP = ("measure the auto tree again: the measured budget is kept in "
                     "~/.cache/clover-studio/autotree.json ($CLOVER_CACHE_DIR), keyed by target, "
-                    "heads, device, dtype, threads and library versions, and reused")
+                    "heads, device, dtype, threads and library versions, and reused (one measured "
+                    "while the machine was busy, or under other settings, stands in until a quiet "
+                    "machine measures it again)")
 
 
 def attribute_help(doc: str) -> dict[str, str]:
@@ -207,10 +209,49 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pad each step's verification to the token count this machine runs "
                             "fastest (measured once, seconds on a CPU; e.g. 16 tokens can cost "
                             "less than 13); the text is unchanged")
+    for p in (g, b):
+        p.add_argument("--quiet", action="store_true",
+                       help="no progress bar while the auto tree is sized, and no line on what it chose")
     for p in (g, d, pr, tx, t, b):
         p.add_argument("--threads", type=_positive_int, default=None,
                        help="CPU threads for torch (default: torch's choice)")
     return parser
+
+
+class SizingProgress:
+    """The auto tree's sizing on stderr: a tqdm bar per stage (what is being measured),
+    the ``progress`` callback of :func:`clover.engine_for`; silent with ``quiet``."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet, self.bar, self.stage = quiet, None, None
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        from tqdm.auto import tqdm
+
+        if self.bar is None or self.stage != what:
+            self.close()
+            self.bar, self.stage = tqdm(total=total, desc=f"auto tree: {what}", file=sys.stderr, leave=False), what
+        self.bar.n = min(done, total)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def say_tree(target, heads, tree, quiet: bool, label: str = "") -> None:
+    """One line on stderr on what the auto tree chose for ``heads`` and why
+    (``Calibration.describe``), unless ``quiet`` or the tree was not "auto"."""
+    if quiet or heads is None or not tree.auto:
+        return
+    from clover.autotree import calibrator_for
+
+    cal = calibrator_for(target).known(heads, tree)
+    if cal is not None:
+        print((f"[{label}] " if label else "") + cal.describe(), file=sys.stderr)
 
 
 def _shipped_prompts(name: str) -> str:
@@ -247,9 +288,14 @@ def cmd_generate(args) -> int:
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
-    engine = engine_for(method, target, tree, args.heads, args.num_heads,
-                        recalibrate=args.recalibrate, pad_verify=args.pad_verify)
+    sizing = SizingProgress(args.quiet)
+    try:
+        engine = engine_for(method, target, tree, args.heads, args.num_heads,
+                            recalibrate=args.recalibrate, pad_verify=args.pad_verify, progress=sizing)
+    finally:
+        sizing.close()
     heads = engine.heads
+    say_tree(target, heads, tree, args.quiet)
     result = engine.generate(prompt_ids, args.max_new_tokens, sampling, args.stop)
     summary = result.summary()
     summary["lossless"] = sampling.lossless
@@ -459,9 +505,15 @@ def cmd_bench(args) -> int:
             elif m in (HF_LOOKUP, HF_GENERATE):
                 engines[m] = HFPromptLookup(target) if m == HF_LOOKUP else HFGenerate(target)
             else:
-                engines[m] = engine_for(m, target, tree, heads_dirs.get(kind), batch_size=batch_size,
-                                        recalibrate=args.recalibrate and kind not in sized,
-                                        pad_verify=args.pad_verify)
+                sizing = SizingProgress(args.quiet)
+                try:
+                    engines[m] = engine_for(m, target, tree, heads_dirs.get(kind), batch_size=batch_size,
+                                            recalibrate=args.recalibrate and kind not in sized,
+                                            pad_verify=args.pad_verify, progress=sizing)
+                finally:
+                    sizing.close()
+                if kind not in sized:
+                    say_tree(target, engines[m].heads, tree, args.quiet, m)
                 sized.add(kind)
         return {m: engines[m] for m in cfg.methods}
 

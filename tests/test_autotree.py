@@ -104,7 +104,7 @@ def test_verify_cost_curve_takes_the_quiet_floor_of_each_size(monkeypatch):
     import clover.autotree as at
 
     spells = [[30.0, 95.0, 31.0, 90.0, 32.0], [40.0, 210.0, 41.0, 200.0, 42.0]]
-    monkeypatch.setattr(at, "interleaved_ms", lambda fns, repeats: [list(t) for t in spells])
+    monkeypatch.setattr(at, "interleaved_ms", lambda fns, repeats, *_: [list(t) for t in spells])
     target = tiny_target("llama")
     assert time_forward(target, [1, 2], prefix_len=8) == [32.0, 42.0]
     assert time_forward(target, [1, 2], prefix_len=8, quiet=True) == [30.0, 40.0]
@@ -114,7 +114,7 @@ def test_verify_cost_curve_takes_the_quiet_floor_of_each_size(monkeypatch):
 def _scripted_time(plain_ms, other_ms):
     """A stand-in for autotree.interleaved_ms: the first function (the plain step) costs
     ``plain_ms``, every later one (drafting, verification) ``other_ms``."""
-    def fake(fns, repeats):
+    def fake(fns, repeats, *_):
         return [[plain_ms] * repeats] + [[other_ms] * repeats] * (len(fns) - 1)
     return fake
 
@@ -160,7 +160,7 @@ def test_auto_tree_times_each_budgets_drafting_with_its_state_refresh(monkeypatc
                         or block_run(block, h, cache, start, *rest))
     order = []
 
-    def fake(fns, repeats):  # call i costs i ms; record which budget's calls draft
+    def fake(fns, repeats, *_):  # call i costs i ms; record which budget's calls draft
         for fn in fns[1:]:
             before = len(observed)
             fn()
@@ -198,11 +198,12 @@ def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0].auto
 
 
-def test_a_busy_calibration_is_used_but_not_stored(monkeypatch, tmp_path):
+def test_a_busy_calibration_is_stored_as_provisional_until_a_quiet_one_replaces_it(monkeypatch, tmp_path):
     """Timings whose repeats spread far above their quiet floor (another process took the
-    CPU) decide this run's tree but are not stored as the machine's truth; a steady
-    measurement is stored with its figures; a budget stored by older versions (a bare
-    int) still reads."""
+    CPU) are stored as provisional, with the load they saw, and stand in (with a note,
+    no measuring) while the machine stays busy; once it is quiet they are measured again
+    and a steady measurement replaces them with its figures; a busy one never replaces
+    a quiet one; a budget stored by older versions (a bare int) still reads."""
     import json
 
     import clover.autotree as at
@@ -210,21 +211,33 @@ def test_a_busy_calibration_is_used_but_not_stored(monkeypatch, tmp_path):
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
     store = tmp_path / "autotree.json"
+    key = at.calibration_key(target, heads, TreeConfig())
 
-    def busy(fns, repeats):  # the plain step's repeats: 10 ms at best, 30 ms typically
+    def busy(fns, repeats, *_):  # the plain step's repeats: 10 ms at best, 30 ms typically
         return [[10.0] + [30.0] * (repeats - 1)] + [[0.01] * repeats] * (len(fns) - 1)
     monkeypatch.setattr(at, "interleaved_ms", busy)
+    monkeypatch.setattr(at, "machine_busy", lambda: False)
     cal = at.calibrate(target, heads, path=store)
-    assert cal.busy and not cal.stored and cal.tree.kind == "dynamic" and cal.plain_ms == 10.0
-    assert not store.exists() and at.calibrate(target, heads, path=store, measure=False) is None
+    assert cal.busy and cal.provisional and not cal.stored and cal.tree.kind == "dynamic" and cal.plain_ms == 10.0
+    record = json.loads(store.read_text())[key]
+    assert record["provisional"] is True and record["spread"] == 3.0
+    monkeypatch.setattr(at, "machine_busy", lambda: True)
+    monkeypatch.setattr(at, "interleaved_ms", lambda *a: pytest.fail("a busy machine measured again"))
+    held = at.calibrate(target, heads, path=store)  # busy still: the provisional choice, at once
+    assert held.stored and held.provisional and held.tree == cal.tree and "busy" in held.note
+    assert "provisional" in held.describe() and held.describe().startswith("auto tree: ")
+    assert at.calibrate(target, heads, path=store, measure=False).provisional
+    monkeypatch.setattr(at, "machine_busy", lambda: False)  # quiet now: measured again
     monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))  # steady
     cal = at.calibrate(target, heads, path=store)
-    assert not cal.busy and cal.expected > 1
+    assert not cal.busy and not cal.provisional and cal.expected > 1 and not cal.note
     again = at.calibrate(target, heads, path=store, measure=False)
-    assert again.stored and again.tree == cal.tree and again.plain_ms == 10.0 and again.date
-    record = json.loads(store.read_text())
-    key = at.calibration_key(target, heads, TreeConfig())
-    assert record[key]["budget"] == cal.tree.budget and record[key]["spread"] == 1.0
+    assert again.stored and not again.provisional and again.tree == cal.tree and again.plain_ms == 10.0
+    record = json.loads(store.read_text())[key]
+    assert record["budget"] == cal.tree.budget and record["spread"] == 1.0 and record["provisional"] is False
+    monkeypatch.setattr(at, "interleaved_ms", busy)  # a busy --recalibrate keeps the quiet choice stored
+    assert at.calibrate(target, heads, path=store, recalibrate=True).provisional
+    assert json.loads(store.read_text())[key]["provisional"] is False
     # other processes' CPU time, read from /proc/stat around the timings, also says busy
     report = at.AutoTreeReport([1], [1.0], [1.0], [1.0], 10.0, 1, spread=1.0, others_load=1.8)
     assert report.busy and not at.AutoTreeReport([1], [1.0], [1.0], [1.0], 10.0, 1).busy
@@ -311,34 +324,100 @@ def test_padded_widths_pad_only_where_a_wider_forward_is_clearly_cheaper():
         padded_widths(costs, 20)
 
 
-def test_calibration_text_is_decoded_once_per_target(monkeypatch):
+def test_calibration_text_is_decoded_once_per_target(monkeypatch, tmp_path):
     """Every heads calibrated on one target read the same plain answers: the target decodes
-    them once, and the choice is the one a fresh decode gives."""
+    them once, keeps their token ids on disk for later processes (which then run no
+    decode), and the choice is the one a fresh decode gives."""
     import clover.autotree as at
 
     target = tiny_target("llama", vocab_size=64)
     decoded = []
-    real = Engine.generate
+    real = Engine.stream
 
     def counting(self, ids, *args, **kwargs):
         decoded.append(list(ids))
         return real(self, ids, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "generate", counting)
+    monkeypatch.setattr(Engine, "stream", counting)
     prompts = at.CALIBRATION_PROMPTS[:3]
-    texts = at.calibration_texts(target, prompts, tokens=8)
+    texts = at.calibration_texts(target, prompts, tokens=8, path=tmp_path / "texts.json")
     assert len(decoded) == 3 and [t.prompt_len for t in texts] == [len(ids) for ids in decoded]
     for t, ids in zip(texts, decoded):
         assert t.token_ids[: t.prompt_len] == ids and len(t.token_ids) == len(ids) + 8
         assert t.hidden_pre.shape == t.hidden_post.shape == (len(t.token_ids), target.hidden_size)
     medusa, clover = new_heads("medusa", target, num_heads=2), new_heads("clover", target, num_heads=2)
-    one = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
-           for h in (medusa, clover)]
+    kw = dict(budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16, texts_path=tmp_path / "texts.json")
+    one = [auto_tree(target, h, **kw)[1].tau for h in (medusa, clover)]
     assert len(decoded) == 3  # both heads measured on the held text
-    at._TEXTS.pop(target)  # this target's text only
-    again = [auto_tree(target, h, budgets=(1, 2), prompts=prompts, tokens=8, repeats=1, prefix_len=16)[1].tau
-             for h in (medusa, clover)]
-    assert len(decoded) == 6 and again == one  # decoded afresh once, same acceptance
+    at._TEXTS.pop(target)  # this target's text only: as a new process finds it, on disk
+    again = [auto_tree(target, h, **kw)[1].tau for h in (medusa, clover)]
+    assert len(decoded) == 3 and again == one  # read back, not decoded: the same acceptance
+    at._TEXTS.pop(target)
+    (tmp_path / "texts.json").unlink()
+    assert [auto_tree(target, h, **kw)[1].tau for h in (medusa, clover)] == one  # decoded afresh: the same
+    assert len(decoded) == 6
     # another length or prompt set is another text
-    at.calibration_texts(target, prompts[:1], tokens=4)
+    at.calibration_texts(target, prompts[:1], tokens=4, path=tmp_path / "texts.json")
     assert len(decoded) == 7
+
+
+def test_a_choice_stored_under_other_settings_stands_in_while_the_machine_is_busy(monkeypatch, tmp_path):
+    """Where nothing is stored under this key but a choice for the same heads is (another
+    thread count, an older timing version), a busy machine uses it at once with a note;
+    a quiet one measures; other heads' choices never stand in."""
+    import json
+
+    import clover.autotree as at
+
+    target = tiny_target("llama", vocab_size=64)
+    heads = new_heads("clover", target, num_heads=2)
+    store = tmp_path / "autotree.json"
+    family = at.calibration_family(target, heads, TreeConfig())
+    key = at.calibration_key(target, heads, TreeConfig())
+    other = key.replace("timing=", "timing=old")
+    store.write_text(json.dumps({other: {"budget": 3, "family": family, "date": "2026-12-01T00:00:00+00:00"},
+                                 "elsewhere": {"budget": 9, "family": "other heads"}}))
+    monkeypatch.setattr(at, "machine_busy", lambda: True)
+    monkeypatch.setattr(at, "interleaved_ms", lambda *a: pytest.fail("measured on a busy machine"))
+    cal = at.calibrate(target, heads, path=store)
+    assert cal.tree.budget == 3 and cal.stored and "other settings" in cal.note
+    store.write_text(json.dumps({"elsewhere": {"budget": 9, "family": "other heads"}}))
+    monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))
+    cal = at.calibrate(target, heads, path=store)  # nothing of these heads: measured, bounded, provisional
+    assert not cal.stored and cal.provisional and json.loads(store.read_text())[key]["family"] == family
+
+
+def test_sizing_on_a_busy_machine_is_bounded(monkeypatch, tmp_path):
+    """With a time budget the sizing cuts itself short: calibration texts not on disk are
+    cut (and not stored), tau is read at every k-th position, the timing rounds stop at
+    the budget (one always runs); progress is reported by stage."""
+    import time as _time
+
+    import clover.autotree as at
+
+    target = tiny_target("llama", vocab_size=64)
+    heads = new_heads("clover", target, num_heads=2)
+    slow = heads.drafter
+
+    def slow_drafter(*a, **kw):  # every draft takes 20 ms: a busy machine
+        d = slow(*a, **kw)
+        real = d.draft
+        d.draft = lambda *x: _time.sleep(0.02) or real(*x)
+        return d
+    monkeypatch.setattr(heads, "drafter", slow_drafter)
+    rounds, stages = [], set()
+    real_interleaved = at.interleaved_ms
+
+    def counting(fns, repeats, deadline=None, progress=None):
+        out = real_interleaved(fns, repeats, deadline, progress)
+        rounds.append(len(out[0]))
+        return out
+    monkeypatch.setattr(at, "interleaved_ms", counting)
+    t0 = _time.monotonic()
+    tree, report = at.auto_tree(target, heads, budgets=(1, 2), tokens=48, repeats=500, prefix_len=16,
+                                budget_s=2.0, progress=lambda what, done, total: stages.add(what),
+                                texts_path=tmp_path / "texts.json")
+    took = _time.monotonic() - t0
+    assert took < 6.0 and report.budgets == [1, 2] and 1 <= rounds[0] < 500
+    assert {"calibration text", "timing the budgets"} <= stages
+    assert report.tau[0] >= 1.0 and took < 7 * 47 * 0.02  # unbounded: a 20-ms draft at each of 7 x 47 positions

@@ -32,7 +32,7 @@ def own_auto_tree_store(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(clover.autotree, "interleaved_ms",
-                        lambda fns, repeats: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
+                        lambda fns, repeats, *_: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
 
 
 def test_tree_config_choices():
@@ -191,7 +191,7 @@ def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
     import clover.autotree
 
     monkeypatch.setattr(clover.autotree, "interleaved_ms",
-                        lambda fns, repeats: [[10.0] * repeats] + [[100.0] * repeats] * (len(fns) - 1))
+                        lambda fns, repeats, *_: [[10.0] * repeats] + [[100.0] * repeats] * (len(fns) - 1))
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-never-off", target, warm_up=True)
     try:

@@ -159,7 +159,7 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(clover.autotree, "interleaved_ms",  # a quiet plain step: 10 ms
-                        lambda fns, repeats: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
+                        lambda fns, repeats, *_: [[10.0] * repeats] + [[0.01] * repeats] * (len(fns) - 1))
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-busy", target, warm_up=True)
     try:
