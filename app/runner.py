@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from clover import Engine, SamplingConfig, TreeConfig, encode_prompt
-from clover.autotree import others_cpu_load
 from clover.engine import lockstep, validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
@@ -81,21 +80,11 @@ def threads_for_load(loaded: LoadedModel) -> int | None:
     (every thread waits for the one the scheduler paused); one thread, about 2x
     (``scripts/load_check.py``). None: leave the count as it is (a GPU target, ZeroGPU,
     no ``/proc/stat``, or nothing else running)."""
-    import os
-
-    import torch
+    from clover.autotree import threads_for_load as for_load
 
     if zerogpu.active() or loaded.target.device.type != "cpu":
         return None
-    threads = torch.get_num_threads()
-    if threads <= 1:
-        return None
-    others = others_cpu_load()
-    if others is None:
-        return None
-    free = (os.cpu_count() or threads) - others
-    wanted = max(1, min(threads, int(free + 0.5)))
-    return wanted if wanted < threads else None
+    return for_load()
 
 
 @contextmanager

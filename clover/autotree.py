@@ -168,7 +168,8 @@ def interleaved_ms(fns, repeats: int, deadline: float | None = None, progress=No
     after each round.
     """
     for fn in fns:
-        fn()  # warm-up
+        if deadline is None or time.monotonic() < deadline:
+            fn()  # warm-up (skipped once past the deadline: the timed round must fit)
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
         if r and deadline is not None and time.monotonic() > deadline:
@@ -763,6 +764,9 @@ class Calibration:
 # seconds the auto tree may spend sizing on a busy machine (auto_tree's budget_s): its
 # choice is provisional and is measured again once the machine is quiet
 BUSY_BUDGET_S = 15.0
+# the budgets a busy machine tries (a tree of a few tokens is what such a machine affords,
+# and a smaller big tree drafts the calibration texts faster); a quiet one tries BUDGETS
+BUSY_BUDGETS = (1, 2, 3, 4)
 
 
 def machine_busy() -> bool:
@@ -771,6 +775,27 @@ def machine_busy() -> bool:
     be read."""
     others = others_cpu_load()
     return others is not None and others > BUSY_OTHERS
+
+
+def threads_for_load(threads: int | None = None) -> int | None:
+    """The torch thread count for work starting now on a CPU: where other processes keep
+    the CPUs busy, fewer threads than cores (at least one). Two threads on a 2-core
+    machine shared with two CPU-bound processes made a plain step 7.9x slower than idle
+    (every thread waits for the one the scheduler paused); one thread, about 2x
+    (``scripts/load_check.py``). None: leave the count as it is (``threads``, default
+    ``torch.get_num_threads()``, is 1 already, nothing else runs, or the load cannot be
+    read)."""
+    import os
+
+    threads = threads or torch.get_num_threads()
+    if threads <= 1:
+        return None
+    others = others_cpu_load()
+    if others is None:
+        return None
+    free = (os.cpu_count() or threads) - others
+    wanted = max(1, min(threads, int(free + 0.5)))
+    return wanted if wanted < threads else None
 
 
 def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure: bool = True,
@@ -835,8 +860,8 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
         return None
     if busy is None:
         busy = machine_busy()
-    tree, report = auto_tree(target, heads, base, batch_size=batch_size,
-                             budget_s=BUSY_BUDGET_S if busy else None, progress=progress)
+    tree, report = auto_tree(target, heads, base, batch_size=batch_size, progress=progress,
+                             **(dict(budget_s=BUSY_BUDGET_S, budgets=BUSY_BUDGETS, repeats=3) if busy else {}))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     provisional = busy or report.busy
     cal = Calibration(tree, report.plain_ms or None, report.expected or None, report.best_budget or None,

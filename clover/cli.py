@@ -285,6 +285,16 @@ def cmd_generate(args) -> int:
     tree = parse_tree_spec(args.tree)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)
+    if not args.threads and (args.device or "cpu") == "cpu":  # beside other work, fewer threads run faster
+        from clover.autotree import threads_for_load
+
+        import torch
+
+        if (threads := threads_for_load()) is not None:
+            if not args.quiet:
+                print(f"note: other processes keep the CPUs busy: using {threads} of "
+                      f"{torch.get_num_threads()} torch threads (--threads to choose)", file=sys.stderr)
+            torch.set_num_threads(threads)
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
