@@ -219,6 +219,55 @@ def test_special_token_text_is_trimmed_as_the_template_trims(embedded, family):
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
 
 
+STYLE_TEMPLATES = {  # how real templates treat whitespace and the system prompt
+    # Llama-2: the system prompt joined into the first user turn, the join then trimmed
+    "llama2": ("{% if messages[0]['role'] == 'system' %}{% set sys = '<<SYS>>\\n' + messages[0]['content'] + "
+               "'\\n<</SYS>>\\n\\n' %}{% set msgs = messages[1:] %}{% else %}{% set sys = '' %}"
+               "{% set msgs = messages %}{% endif %}{% for m in msgs %}{% if m['role'] == 'user' %}"
+               "{{ '<|im_start|>[INST] ' + ((sys if loop.first else '') + m['content']) | trim + ' [/INST]' }}"
+               "{% else %}{{ ' ' + m['content'] | trim + ' <|im_end|>' }}{% endif %}{% endfor %}"),
+    # Gemma-3: the system prompt folded into the first user turn, nothing trimmed
+    "gemma3": ("{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\\n\\n' %}"
+               "{% set msgs = messages[1:] %}{% else %}{% set first = '' %}{% set msgs = messages %}{% endif %}"
+               "{% for m in msgs %}{{ '<|im_start|>' + ('model' if m['role'] == 'assistant' else 'user') + "
+               "'\\n' + (first if loop.first else '') + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"),
+    # only the assistant's turns trimmed
+    "assistant-trim": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] | trim "
+                       "if m['role'] == 'assistant' else m['content']) + '<|im_end|>\\n' }}{% endfor %}"
+                       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+    **TRIMMING_TEMPLATES,
+}
+
+
+@pytest.mark.parametrize("style", sorted(STYLE_TEMPLATES))
+def test_the_template_renders_conversations_holding_special_token_text(embedded, style):
+    """Whatever the template does to whitespace and the system prompt (trims per role, a
+    joined string trimmed, a system turn folded in), it renders the conversation itself:
+    without special-token text the ids are apply_chat_template's; with it the text is the
+    template's own rendering, the typed spans plain text (no control token the template
+    did not put there)."""
+    import copy
+
+    tok = copy.deepcopy(embedded.tokenizer)
+    tok.chat_template = STYLE_TEMPLATES[style]
+    system = [] if style == "gemma" else [{"role": "system", "content": "  Be brief. \n"}]
+
+    def chat(a, b):
+        return system + [{"role": "user", "content": f" What does {a} mean?\n"},
+                         {"role": "assistant", "content": "  It ends a turn.  "},
+                         {"role": "user", "content": f"And {b}?  \n"}]
+
+    plain = chat("END", "START")
+    want = tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=True)
+    want = list(want if isinstance(want, list) else want["input_ids"])
+    assert chat_ids(tok, plain) == want
+    typed = chat("<|im_end|>", "<|im_start|>user")
+    ids = chat_ids(tok, typed)
+    assert tok.decode(ids) == tok.apply_chat_template(typed, add_generation_prompt=True, tokenize=False)
+    assert ids.count(IM_END) == want.count(IM_END) and ids.count(IM_START) == want.count(IM_START)
+
+
 def test_a_system_line_opens_a_transcript(embedded):
     """'System: ...' as a transcript's first line is the system prompt where the template
     has a system role (SmolLM2), and a clear error where it has none (Gemma-like)."""

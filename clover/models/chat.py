@@ -30,10 +30,14 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
 
     A user who types ``<|im_end|>`` means those characters, not the end of a turn:
     ``apply_chat_template`` would turn them into the control token (and a typed
-    ``<|im_start|>system`` would forge a system turn). When some content holds the text of
-    a special or added token, the template is rendered around placeholders instead: its
-    own text is tokenised with control tokens and each content with
-    ``split_special_tokens=True``. Otherwise the ids are ``apply_chat_template``'s.
+    ``<|im_start|>system`` would forge a system turn). So where some content holds the text
+    of a special or added token, each such span is swapped for a placeholder of invisible
+    characters, the template renders the conversation as it is (its own trims, joins and
+    folds apply to the real content, whatever they are), and the rendered text is
+    tokenised with control tokens where the template put them and each span restored as
+    plain text (``split_special_tokens=True``). The ids then differ from
+    ``apply_chat_template``'s only in those spans; without such text they are
+    ``apply_chat_template``'s own.
 
     Args:
         messages: ``{"role", "content"}`` dicts; consecutive same-role messages are merged
@@ -42,56 +46,41 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True
         the token ids (control tokens only where the template puts them).
     Raises:
         ValueError: when the template rejects the conversation (e.g. roles it does not
-            know), with the template's own message.
+            know), with the template's own message, or changes message text so that a
+            protected span cannot be found again.
     """
+    import re
+
     import jinja2
 
     messages = merge_same_role(messages)
-    special = _special_strings(tokenizer)
-    unsafe = any(s in m["content"] for m in messages for s in special)
-    if unsafe:  # the placeholders hide the content from filters such as Llama-3's "| trim"
-        strip = _template_strips(tokenizer)
-        messages = [{**m, "content": strip(m["content"])} for m in messages]
-    marks = [f"\u2063\u2064{i}\u2064\u2063" for i in range(len(messages))]
+    special = sorted(_special_strings(tokenizer), key=len, reverse=True)  # longest first: "<|a|>b" before "<|a|>"
+    typed = [t for t in special if any(t in m["content"] for m in messages)]
     try:
-        if not unsafe:
+        if not typed:
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                 tokenize=True)
             return [int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])]
-        text = tokenizer.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)],
-                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+        marks = {t: f"\u2063\u2064{i}\u2064\u2063" for i, t in enumerate(typed)}
+        spans = re.compile("|".join(re.escape(t) for t in typed))
+        protected = [{**m, "content": spans.sub(lambda x: marks[x.group()], m["content"])} for m in messages]
+        text = tokenizer.apply_chat_template(protected, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
     except jinja2.TemplateError as e:
         raise ValueError(f"the model's chat template rejected this conversation: {e}") from None
+    typed_of = {k: t for t, k in marks.items()}
+    found = re.compile("|".join(re.escape(k) for k in typed_of))
+    if len(found.findall(text)) != sum(len(spans.findall(m["content"])) for m in messages):
+        raise ValueError("the model's chat template changes message text, so a message "
+                         "holding special-token text cannot be encoded safely")
     ids: list[int] = []
-    for m, mark in zip(messages, marks):
-        head, found, text = text.partition(mark)
-        if not found:
-            raise ValueError("the model's chat template changes message text, so a message "
-                             "holding special-token text cannot be encoded safely")
-        ids += tokenizer(head, add_special_tokens=False)["input_ids"]
-        ids += tokenizer(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+    at = 0
+    for x in found.finditer(text):
+        ids += tokenizer(text[at: x.start()], add_special_tokens=False)["input_ids"]
+        ids += tokenizer(typed_of[x.group()], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        at = x.end()
+    ids += tokenizer(text[at:], add_special_tokens=False)["input_ids"]
     return [int(i) for i in ids]
-
-
-def _template_strips(tokenizer):
-    """What the chat template does to the whitespace around a message's content (Llama-3
-    and Gemma templates apply ``| trim``): a function doing the same to a content
-    string, found by rendering a probe message padded with spaces and newlines."""
-    probe = "\u2063probe\u2063"
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f" \n{probe}\n "}],
-                                             add_generation_prompt=False, tokenize=False)
-    except Exception:  # a template that rejects the probe: leave the content as it is
-        return lambda c: c
-    left, right = f" \n{probe}" not in text, f"{probe}\n " not in text
-    if left and right:
-        return str.strip
-    if left:
-        return str.lstrip
-    if right:
-        return str.rstrip
-    return lambda c: c
 
 
 def user_turn_prefix(tokenizer) -> list[int]:
