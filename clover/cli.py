@@ -273,6 +273,12 @@ def lookup_method(method: str, lookup: bool) -> str:
     return with_lookup(method, lookup)
 
 
+def stop_place(i: int) -> str:
+    """Where a text stands among several: "(the first)", "(the second)", ... "(the 11th)"."""
+    words = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+    return f"(the {words[i]})" if i < len(words) else f"(the {i + 1}th)"
+
+
 def cmd_generate(args) -> int:
     from clover import SamplingConfig, encode_prompt, engine_for, load_target, parse_tree_spec
     from clover.models import check_text
@@ -280,8 +286,8 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     check_text(args.prompt)  # before the model loads: bytes that were not UTF-8
-    for i, stop in enumerate(args.stop, 1):  # a stop text with such a byte could never match
-        check_text(stop, f"--stop {i}" if len(args.stop) > 1 else "--stop")
+    for i, stop in enumerate(args.stop):  # a stop text with such a byte could never match
+        check_text(stop, f"the --stop text {stop_place(i)}" if len(args.stop) > 1 else "the --stop text")
     tree = parse_tree_spec(args.tree)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)

@@ -358,10 +358,10 @@ def validate_request(target: TargetModel, prompt: Sequence[int], max_new_tokens:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if isinstance(stop_strings, str):
         raise ValueError("stop_strings must be a list of strings, not one string")
-    for i, s in enumerate(stop_strings, 1):
+    for i, s in enumerate(stop_strings):
         if not isinstance(s, str) or s == "":
             raise ValueError(f"stop strings must be non-empty text, got {s!r}")
-        check_text(s, f"stop string {i}" if len(stop_strings) > 1 else "the stop string")
+        check_text(s, f"the stop string at index {i}" if len(stop_strings) > 1 else "the stop string")
     if min(prompt) < 0 or max(prompt) >= target.vocab_size:
         raise ValueError(f"prompt token ids must lie in the vocabulary [0, {target.vocab_size})")
     context = f"the model's context of {target.max_context}"

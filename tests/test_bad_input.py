@@ -265,11 +265,12 @@ def test_a_stop_text_with_a_byte_that_was_not_utf8_is_refused(tiny_dir, capsys):
     latin1 = b"fin\xe9".decode("utf-8", "surrogateescape")
     with pytest.raises(ValueError, match="the stop string is not valid UTF-8 text: the byte 0xe9 at character 4"):
         validate_request(target, [3, 4], 8, [latin1])
-    with pytest.raises(ValueError, match=r"stop string 2 is not valid UTF-8 text: U\+D800"):
+    with pytest.raises(ValueError, match=r"the stop string at index 1 is not valid UTF-8 text: U\+D800"):
         validate_request(target, [3, 4], 8, ["ok", "a\ud800"])
-    with pytest.raises(ValueError, match="stop string 2"):
+    with pytest.raises(ValueError, match="the stop string at index 1"):
         Engine(target).generate([3, 4], 4, stop_strings=["ok", latin1])
-    for stops, named in (([latin1], "--stop is not valid UTF-8"), (["ok", latin1], "--stop 2 is not valid UTF-8")):
+    for stops, named in (([latin1], "the --stop text is not valid UTF-8"),
+                         (["ok", latin1], "the --stop text (the second) is not valid UTF-8")):
         args = ["generate", "--model", str(tiny_dir), "--prompt", "hi"]
         for s in stops:
             args += ["--stop", s]

@@ -175,9 +175,9 @@ def draft_kernels(engines: dict) -> dict:
     for the head methods whose heads run the CPU kernels (``TargetModel.adopt``: the
     drafting kernels, fp16 among them, are timed per heads), so a table says what each
     method ran; empty when none does."""
-    from clover.kernels.linear import describe_layout
+    from clover.models import TargetModel
 
-    kernels = {m: describe_layout(e.heads.linear_kernels) for m, e in engines.items()
+    kernels = {m: TargetModel.draft_kernels_text(e.heads) for m, e in engines.items()
                if getattr(e, "heads", None) is not None and getattr(e.heads, "linear_kernels", None)}
     return {"draft_kernels": kernels} if kernels else {}
 

@@ -193,6 +193,13 @@ class TargetModel:
         """``linear_kernels`` in words, by row range ("plain 1-3, packed 4-16"), or "off"."""
         return describe_layout(self.linear_kernels) if self.linear_kernels else "off"
 
+    @staticmethod
+    def draft_kernels_text(heads) -> str:
+        """The linear kernel per row count that draft heads adopted (:meth:`adopt`), in
+        words ("half 1-2, packed 3-16"), or "off"."""
+        kernels = getattr(heads, "linear_kernels", None)
+        return describe_layout(kernels) if kernels else "off"
+
     def adopt(self, heads: nn.Module) -> nn.Module:
         """Give draft heads CPU kernels like this target's (in place; returns ``heads``):
         with them on, their ``nn.Linear`` layers and vocabulary projection
