@@ -630,9 +630,9 @@ def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
                             spread=spread, others_load=others)
     if report.busy:
         log.warning("auto tree: the machine was busy while timing (a plain step's median %.1f ms "
-                    "is %.2fx its fastest, %.1f ms; other processes used %s CPUs); the choice "
-                    "holds for this run only", statistics.median(times[0]), spread, plain_ms,
-                    "?" if others is None else f"{others:.1f}")
+                    "is %.2fx its fastest, %.1f ms; other processes used %s CPUs); the choice is "
+                    "stored as provisional until a quiet machine measures it again",
+                    statistics.median(times[0]), spread, plain_ms, "?" if others is None else f"{others:.1f}")
     if not chosen:  # no tree clearly pays for itself: do not draft
         log.info("auto tree: off (best expected speedup %.3f at budget %d; plain %.1f ms/token)",
                  report.expected, budgets[best], plain_ms)
