@@ -291,7 +291,7 @@ def use_few_row_linears(module: nn.Module) -> nn.Module:
 LINEAR_LAYOUTS = ("auto",) + KERNELS  # TargetModel(linear_layout=...), or a pair "a/b"
 
 
-def set_layout(module: nn.Module, layout: str) -> tuple[str, ...] | None:
+def set_layout(module: nn.Module, layout: str, repeats: int = 3) -> tuple[str, ...] | None:
     """Give the module's :class:`FewRowLinear` layers a layout: a kernel name or a pair
     (:func:`parse_layout`), or "auto" (per row count the fastest kernel here, timed by
     :func:`choose_layout`). Tests name the layout, so which code path they run does not
@@ -304,7 +304,7 @@ def set_layout(module: nn.Module, layout: str) -> tuple[str, ...] | None:
         ValueError: an unknown layout.
     """
     if layout == "auto":
-        return choose_layout(module)
+        return choose_layout(module, repeats)
     kernels = parse_layout(layout)
     linears = [m for m in module.modules() if isinstance(m, FewRowLinear)]
     for m in linears:

@@ -163,7 +163,8 @@ class TargetModel:
         self.linear_kernels: tuple[str, ...] | None = None
         self.linear_layout = linear_layout  # as asked: "auto" (timed here) or a named layout
         if self.cpu_kernels:
-            self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout)
+            self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout,
+                                             repeats=_layout_repeats(linear_layout))
             use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
@@ -384,6 +385,18 @@ class TargetModel:
     def head_logits(self, hidden_post: torch.Tensor) -> torch.Tensor:
         """The frozen lm_head applied to normed hidden states: (..., D) -> (..., V)."""
         return self.lm_head(hidden_post)
+
+
+def _layout_repeats(layout: str) -> int:
+    """Passes :func:`clover.kernels.linear.choose_layout` times the kernels over: 3, or
+    1 where other processes keep the CPUs busy (there each pass of every kernel at
+    every row count took about 8 s of a load beside two CPU hogs on a 2-core machine,
+    and a busy machine's timings are rough whatever their number)."""
+    if layout != "auto":
+        return 3
+    from clover.autotree import machine_busy
+
+    return 1 if machine_busy() else 3
 
 
 def sliding_window(config) -> int | None:
