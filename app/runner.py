@@ -80,7 +80,7 @@ def threads_for_load(loaded: LoadedModel) -> int | None:
     (every thread waits for the one the scheduler paused); one thread, about 2x
     (``scripts/load_check.py``). None: leave the count as it is (a GPU target, ZeroGPU,
     no ``/proc/stat``, or nothing else running)."""
-    from clover.autotree import threads_for_load as for_load
+    from clover.machine import threads_for_load as for_load
 
     if zerogpu.active() or loaded.target.device.type != "cpu":
         return None

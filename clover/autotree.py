@@ -40,6 +40,8 @@ from typing import Sequence
 import torch
 
 from clover.cache import buffered_cache, crop_cache
+from clover.machine import (BUSY_OTHERS, load_snapshot, machine_busy, others_cpu_load,  # noqa: F401
+                            others_load, threads_for_load)
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -99,10 +101,6 @@ TIMING = 5
 # as busy while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.51x
 # (a one-token forward after larger ones); with two CPU-bound processes beside it, 1.5-2.3x.
 BUSY_SPREAD = 1.5
-# CPUs' worth of other processes' work while timing above which the machine was busy
-# (measured directly from /proc/stat where Linux offers it): the spread alone overlaps,
-# 1.03-1.51x idle against 1.48-2.34x beside two CPU-bound processes
-BUSY_OTHERS = 0.5
 
 
 @dataclass
@@ -183,40 +181,6 @@ def interleaved_ms(fns, repeats: int, deadline: float | None = None, progress=No
                 torch.cuda.synchronize()
             times[i].append((time.perf_counter() - t) * 1e3)
     return times
-
-
-def load_snapshot() -> tuple[float, float, float] | None:
-    """(CPU-seconds the whole machine has been busy, CPU-seconds of this process, a
-    monotonic clock in s), for :func:`others_load`; None where Linux's ``/proc/stat`` cannot
-    be read."""
-    import os
-
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]
-        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
-    except (OSError, ValueError, IndexError):
-        return None
-    return busy, time.process_time(), time.monotonic()
-
-
-def others_load(start, end, min_window_s: float = 0.1) -> float | None:
-    """How many CPUs' worth of work other processes did between two
-    :func:`load_snapshot` s (the machine's busy time minus this process's own); None when
-    either is None or less than ``min_window_s`` passed (the kernel counts in 10 ms
-    ticks, too coarse for a shorter window)."""
-    if start is None or end is None or end[2] - start[2] < min_window_s:
-        return None
-    return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2]))
-
-
-def others_cpu_load(window_s: float = 0.15) -> float | None:
-    """How many CPUs' worth of work other processes do over the next ``window_s`` seconds
-    (:func:`others_load` of two :func:`load_snapshot` s around a sleep); None where that
-    cannot be read (not Linux)."""
-    start = load_snapshot()
-    time.sleep(window_s)
-    return others_load(start, load_snapshot())
 
 
 def pool_size(tree: TreeConfig, depth: int) -> int:
@@ -767,35 +731,6 @@ BUSY_BUDGET_S = 15.0
 # the budgets a busy machine tries (a tree of a few tokens is what such a machine affords,
 # and a smaller big tree drafts the calibration texts faster); a quiet one tries BUDGETS
 BUSY_BUDGETS = (1, 2, 3, 4)
-
-
-def machine_busy() -> bool:
-    """Whether other processes keep the CPUs busy now (over :data:`BUSY_OTHERS` CPUs'
-    worth of work in a 0.15 s window, :func:`others_cpu_load`); False where that cannot
-    be read."""
-    others = others_cpu_load()
-    return others is not None and others > BUSY_OTHERS
-
-
-def threads_for_load(threads: int | None = None) -> int | None:
-    """The torch thread count for work starting now on a CPU: where other processes keep
-    the CPUs busy, fewer threads than cores (at least one). Two threads on a 2-core
-    machine shared with two CPU-bound processes made a plain step 7.9x slower than idle
-    (every thread waits for the one the scheduler paused); one thread, about 2x
-    (``scripts/load_check.py``). None: leave the count as it is (``threads``, default
-    ``torch.get_num_threads()``, is 1 already, nothing else runs, or the load cannot be
-    read)."""
-    import os
-
-    threads = threads or torch.get_num_threads()
-    if threads <= 1:
-        return None
-    others = others_cpu_load()
-    if others is None:
-        return None
-    free = (os.cpu_count() or threads) - others
-    wanted = max(1, min(threads, int(free + 0.5)))
-    return wanted if wanted < threads else None
 
 
 def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure: bool = True,

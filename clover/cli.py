@@ -292,7 +292,7 @@ def cmd_generate(args) -> int:
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               acceptance=args.acceptance, seed=args.seed)
     if not args.threads and (args.device or "cpu") == "cpu":  # beside other work, fewer threads run faster
-        from clover.autotree import threads_for_load
+        from clover.machine import threads_for_load
 
         import torch
 
@@ -476,7 +476,7 @@ def warn_if_busy(window_s: float = 0.3) -> None:
     """Warn when other processes keep the CPUs busy before a benchmark: its ratios hold
     (the methods run in lockstep) but its times do not, and with several torch threads
     each waits for the one the scheduler paused (``--threads 1`` is faster there)."""
-    from clover.autotree import BUSY_OTHERS, others_cpu_load
+    from clover.machine import BUSY_OTHERS, others_cpu_load
 
     others = others_cpu_load(window_s)
     if others is not None and others > BUSY_OTHERS:

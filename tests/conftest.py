@@ -33,6 +33,14 @@ from clover.models import TargetModel
 from clover.tree import Tree
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The auto tree sizes as on a quiet machine whatever else runs beside the tests (a
+    busy one is sized in bounded time over fewer budgets, stored as provisional): a test
+    of that behaviour sets ``clover.autotree.machine_busy`` itself."""
+    monkeypatch.setattr("clover.autotree.machine_busy", lambda: False)
+
+
 def tiny_tokenizer(vocab_size: int):
     """A word-level tokenizer whose token i is the word ``t{i}`` (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -389,9 +389,9 @@ def test_a_busy_machine_decodes_on_fewer_threads(monkeypatch):
         torch.set_num_threads(2)
         monkeypatch.setattr("os.cpu_count", lambda: 2)
         for others, want in ((2.0, 1), (1.2, 1), (0.3, None), (None, None)):
-            monkeypatch.setattr("clover.autotree.others_cpu_load", lambda window_s=0.15, x=others: x)
+            monkeypatch.setattr("clover.machine.others_cpu_load", lambda window_s=0.15, x=others: x)
             assert runner.threads_for_load(loaded) == want, others
-        monkeypatch.setattr("clover.autotree.others_cpu_load", lambda window_s=0.15: 2.0)
+        monkeypatch.setattr("clover.machine.others_cpu_load", lambda window_s=0.15: 2.0)
         with runner.load_threads(loaded) as used:
             assert used == (1, 2) and torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
@@ -399,7 +399,7 @@ def test_a_busy_machine_decodes_on_fewer_threads(monkeypatch):
         torch.set_num_threads(before)
         registry.forget_model("test-load-threads")
     monkeypatch.undo()
-    from clover.autotree import others_cpu_load
+    from clover.machine import others_cpu_load
 
     load = others_cpu_load(0.05)
     assert load is None or load >= 0.0

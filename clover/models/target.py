@@ -394,7 +394,7 @@ def _layout_repeats(layout: str) -> int:
     and a busy machine's timings are rough whatever their number)."""
     if layout != "auto":
         return 3
-    from clover.autotree import machine_busy
+    from clover.machine import machine_busy
 
     return 1 if machine_busy() else 3
 
