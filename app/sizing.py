@@ -168,8 +168,8 @@ class TreeSizing:
                            if cal.expected and cal.best_budget else "")
                 notes.append(f"for {name} no tree pays on this machine{figures}, so it "
                              f"drafts the smallest tree to show the method")
-            if cal is not None and cal.busy:
+            if cal is not None and (cal.busy or cal.provisional):
                 notes.append(f"{name}'s was measured while the machine was busy: "
-                             f"it is re-measured at the next start")
+                             f"it stands until the machine is quiet, then is measured again")
         text = " · **auto tree:** " + ", ".join(parts)
         return text + (f" ({'; '.join(notes)})" if notes else "")

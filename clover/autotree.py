@@ -117,7 +117,7 @@ class AutoTreeReport:
         spread: a plain step's median over its fastest repeat while timing (1.0 = steady).
         others_load: CPUs' worth of work other processes did while timing (None: unknown).
         Above :data:`BUSY_SPREAD` or :data:`BUSY_OTHERS` the machine was busy, and the
-        choice is not stored.
+        choice is stored as provisional (:func:`calibrate`).
     """
 
     budgets: list[int]
