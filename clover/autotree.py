@@ -40,8 +40,7 @@ from typing import Sequence
 import torch
 
 from clover.cache import buffered_cache, crop_cache
-from clover.machine import (BUSY_OTHERS, load_snapshot, machine_busy, others_cpu_load,  # noqa: F401
-                            others_load, threads_for_load)
+from clover.machine import BUSY_OTHERS, load_snapshot, machine_busy, others_load
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -408,8 +407,8 @@ def _answer(target, ids: list[int], n: int, deadline: float | None) -> tuple[lis
 class _TextStore:
     """The calibration answers of one target on disk: a JSON file of records keyed by
     the target (name, fingerprint), the encoded prompts and the token count, each
-    ``{prompt index: answer token ids}``. Unreadable files count as empty; a write that
-    fails is logged, never raised."""
+    ``{prompt index: answer token ids}``, read and written as the auto-tree store is
+    (:func:`_read_store`, :func:`_write_record`)."""
 
     def __init__(self, path, target, encoded, tokens: int):
         import hashlib
@@ -424,17 +423,8 @@ class _TextStore:
         fingerprint = ",".join(f"{k}={v}" for k, v in sorted(target.fingerprint.items()))
         self.key = f"{target.name}|{fingerprint}|{h.hexdigest()[:16]}"
 
-    def _all(self) -> dict:
-        import json
-
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     def read(self) -> dict[int, list[int]] | None:
-        record = self._all().get(self.key)
+        record = _read_store(self.path).get(self.key)
         if not isinstance(record, dict):
             return None
         try:
@@ -443,18 +433,7 @@ class _TextStore:
             return None
 
     def write(self, answers: dict[int, list[int]]) -> None:
-        import json
-        import os
-
-        try:
-            data = self._all()
-            data[self.key] = {str(i): a for i, a in answers.items()}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            tmp.replace(self.path)
-        except OSError:
-            log.warning("could not store the calibration texts in %s", self.path, exc_info=True)
+        _write_record(self.path, self.key, {str(i): a for i, a in answers.items()})
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
@@ -612,7 +591,6 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     the versions of torch, transformers and this library, the target's CPU linear kernels
     (``TargetModel.linear_kernels_text``), how budgets are timed (:data:`TIMING`), and the
     batch size (named only above 1)."""
-    import hashlib
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -817,7 +795,8 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
 
 
 def _read_store(path) -> dict:
-    """The auto-tree store's records (an unreadable or foreign file counts as empty)."""
+    """A JSON store's records (the auto trees', the calibration texts'); an unreadable or
+    foreign file counts as empty."""
     import json
 
     try:
@@ -828,8 +807,9 @@ def _read_store(path) -> dict:
 
 
 def _write_record(path, key: str, record: dict) -> None:
-    """Store one record under ``key`` (atomically: a temporary file, then a rename); a
-    failure is logged, never raised."""
+    """Store one record under ``key`` in a JSON store (the auto trees', the calibration
+    texts'), atomically: a temporary file, then a rename; a failure is logged, never
+    raised."""
     import json
     import os
 
@@ -841,7 +821,7 @@ def _write_record(path, key: str, record: dict) -> None:
         tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
         tmp.replace(path)
     except OSError:
-        log.warning("could not store the auto tree in %s", path, exc_info=True)
+        log.warning("could not write %s", path, exc_info=True)
 
 
 def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,

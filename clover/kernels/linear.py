@@ -113,6 +113,7 @@ def packed_available() -> bool:
 # ("half") copies; kept outside the weight so that pickling or moving the module never
 # meets oneDNN's opaque tensor; an entry goes with its weight
 _PACKED: dict[tuple[int, str], tuple] = {}
+COPY_KINDS = ("packed", "half")  # the kernels that read a copy of the weights
 
 
 def _weight_copy(weight: torch.Tensor, kind: str, make) -> torch.Tensor:
@@ -154,7 +155,7 @@ def forget_packed(module: nn.Module | None = None) -> None:
         _PACKED.clear()
         return
     for p in module.parameters():
-        for kind in ("packed", "half"):
+        for kind in COPY_KINDS:
             _PACKED.pop((id(p), kind), None)
 
 
@@ -361,7 +362,7 @@ def choose_layout(module: nn.Module, repeats: int = 3, kernels: tuple[str, ...] 
                     best[k, r] = min(best[k, r], sweep(k, r))
     fastest = {r: min(kernels, key=lambda k: best[k, r]) for r in ROW_POINTS}
     chosen = tuple(fastest[max(p for p in ROW_POINTS if p <= r)] for r in range(1, MAX_ROWS + 1))
-    for kind in ("packed", "half"):  # drop the copies nobody will read
+    for kind in COPY_KINDS:  # drop the copies nobody will read
         if kind not in chosen:
             for w, _ in weights:
                 _PACKED.pop((id(w), kind), None)
