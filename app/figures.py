@@ -506,34 +506,88 @@ def _fmt_speedup(x: float | None) -> tuple[str, str]:
     return f"{x:.2f}× {arrow}", ("#007A56" if x >= 1.0 else "#B24A00")
 
 
-def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
-                 vs_medusa: float | None, table: Sequence[tuple[str, RunStats, str]] = (),
-                 note: str = "") -> str:
+# a speed card's state line: how far the figure on it can be trusted
+CARD_STATES = {
+    "quiet": "measured on a quiet machine",
+    "busy": "⚠ machine busy: less certain",
+    "few": "shown after {n} steps of both",
+    "self": "this is the baseline",
+    "none": "turn on Compare to measure",
+}
+
+
+@dataclass
+class SpeedCard:
+    """One speedup card.
+
+    Attributes:
+        value: the ratio (> 1: faster than the baseline); None: not shown.
+        state: a key of :data:`CARD_STATES`.
+        reference: the committed idle Spec-Bench figure for the same ratio
+            (``assets/bench/specbench.json``); None where the benchmark has none.
+        min_steps: steps both runs need before the ratio is shown (state "few").
+    """
+
+    value: float | None
+    state: str
+    reference: float | None = None
+    min_steps: int = 8
+
+
+def _speed_card(label: str, card: SpeedCard) -> str:
+    text, color = _fmt_speedup(card.value)
+    state = CARD_STATES[card.state].format(n=card.min_steps)
+    state_color = "#8A4B00" if card.state == "busy" else "#555"
+    ref = (f"<div style='font-size:11px;color:#555'>Spec-Bench, idle: {card.reference:.2f}×</div>"
+           if card.reference is not None else "")
+    return (f'<div class="metric-card speed-card" data-state="{card.state}" '
+            f'style="flex:1 1 140px;background:#F6F7F9;border:1px solid #E2E5EA;'
+            f'border-radius:8px;padding:8px 10px;min-width:130px">'
+            f'<div style="font-size:12px;color:#555">{label}</div>'
+            f'<div style="font-size:21px;font-weight:650;color:{color}">{text}</div>'
+            f"<div style='font-size:11px;color:{state_color}'>{html.escape(state)}</div>{ref}</div>")
+
+
+def warning_html(text: str) -> str:
+    """A warning readable in light and dark themes alike: dark text on its own amber
+    ground, never grey on the page's background ("" for no text)."""
+    return (f"<div class='run-warning' role='alert' style='background:#FFF3CD;color:#5C3B00;"
+            f"border:1px solid #E0B33A;border-radius:6px;padding:6px 10px;margin:0 0 8px;"
+            f"font-size:13px'>{html.escape(text)}</div>") if text else ""
+
+
+def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard | float | None,
+                 vs_medusa: SpeedCard | float | None,
+                 table: Sequence[tuple[str, RunStats, str]] = (), note: str = "",
+                 warning: str = "") -> str:
     """Live metric cards of the streamed run, then a table of every measured run.
 
     Args:
         method: the run on screen (a name from ``clover.methods.ALL_METHODS``).
         stats: its figures so far.
-        vs_plain / vs_medusa: speedups at the same token count (None: not measured).
+        vs_plain / vs_medusa: speedups at the same token count, as :class:`SpeedCard`
+            (a bare number: a card measured on a quiet machine; None: not measured).
         table: (method, stats, state) per measured run, state e.g. "done" or "running".
         note: a line under the table.
+        warning: shown above the cards, readable in both themes (:func:`warning_html`).
     """
-    sp_plain, col_plain = _fmt_speedup(vs_plain)
-    sp_medusa, col_medusa = _fmt_speedup(vs_medusa)
+    def card(x):
+        return x if isinstance(x, SpeedCard) else SpeedCard(x, "quiet" if x is not None else "none")
+
     cards = [
         ("tokens / step", f"{stats.tokens_per_step:.2f}", "#111"),
         ("tokens / s", f"{stats.tokens_per_second:.1f}", "#111"),
         ("draft ms / step", f"{stats.draft_ms:.1f}", "#111"),
         ("verify ms / step", f"{stats.verify_ms:.1f}", "#111"),
-        ("speedup vs plain", sp_plain, col_plain),
-        ("speedup vs Medusa", sp_medusa, col_medusa),
     ]
     card_html = "".join(
-        f'<div class="metric-card" style="flex:1 1 110px;background:#F6F7F9;border:1px solid #E2E5EA;'
-        f'border-radius:8px;padding:8px 10px;min-width:105px">'
+        f'<div class="metric-card" style="flex:1 1 100px;background:#F6F7F9;border:1px solid #E2E5EA;'
+        f'border-radius:8px;padding:8px 10px;min-width:95px">'
         f'<div style="font-size:12px;color:#555">{label}</div>'
         f'<div style="font-size:21px;font-weight:650;color:{color}">{value}</div></div>'
         for label, value, color in cards)
+    card_html += (_speed_card("speedup vs plain", card(vs_plain))
+                  + _speed_card("speedup vs Medusa", card(vs_medusa)))
     rows = "".join(
         f"<tr><td style='padding:2px 8px'>{METHOD_LABELS.get(m, m)}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens}</td>"
@@ -541,18 +595,21 @@ def metrics_html(method: str, stats: RunStats, vs_plain: float | None,
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_step:.2f}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_second:.1f}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.engine_ms / 1e3:.2f}</td>"
-        f"<td style='padding:2px 8px;color:#555'>{html.escape(state)}</td></tr>"
+        f"<td style='padding:2px 8px;opacity:0.75'>{html.escape(state)}</td></tr>"
         for m, s, state in table)
     head = "".join(f"<th style='padding:2px 8px;text-align:{a};font-weight:600'>{h}</th>"
                    for h, a in (("method", "left"), ("tokens", "right"), ("steps", "right"),
                                 ("tokens/step", "right"), ("tokens/s", "right"),
                                 ("engine s", "right"), ("", "left")))
-    table_html = (f"<table style='border-collapse:collapse;font-size:13px;margin-top:8px;color:#222'>"
-                  f"<tr style='border-bottom:1px solid #ddd'>{head}</tr>{rows}</table>") if table else ""
-    title = (f"<div style='font-size:13px;color:#333;margin-bottom:6px'>"
+    # the table scrolls sideways in its own box on a narrow screen, never cut off
+    table_html = (f"<div class='metrics-table' style='overflow-x:auto;max-width:100%'>"
+                  f"<table style='border-collapse:collapse;font-size:13px;margin-top:8px'>"
+                  f"<tr style='border-bottom:1px solid #ddd'>{head}</tr>{rows}</table></div>"
+                  ) if table else ""
+    title = (f"<div style='font-size:13px;margin-bottom:6px'>"
              f"<b>{METHOD_LABELS.get(method, method)}</b> · step {stats.steps} · "
              f"{stats.tokens} tokens · {stats.engine_ms / 1e3:.2f} s engine time</div>")
-    foot = f"<div style='font-size:12px;color:#555;margin-top:6px'>{note}</div>" if note else ""
-    return (f"<div id='metrics' style='font-family:{FONT}'>{title}"
+    foot = f"<div style='font-size:12px;opacity:0.8;margin-top:6px'>{note}</div>" if note else ""
+    return (f"<div id='metrics' style='font-family:{FONT}'>{warning_html(warning)}{title}"
             f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{card_html}</div>"
             f"{table_html}{foot}</div>")

@@ -6,7 +6,9 @@ app spent rendering between steps.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from clover.trace import (StepTrace, acceptance_by_depth, engine_ms, speedup,  # noqa: F401  (the one
@@ -110,3 +112,31 @@ def token_origins(steps: Sequence[StepTrace]) -> list[TokenOrigin]:
                 text = s.new_text[j]
             out.append(TokenOrigin(text, depth, s.step))
     return out
+
+
+MIN_RATIO_STEPS = 8  # a speedup card shows its ratio once both runs have this many steps
+REFERENCE_FILE = "bench/specbench.json"  # under clover.assets_dir(): the README's table
+
+
+@lru_cache(maxsize=1)
+def _reference_summary() -> dict:
+    from clover.assets import assets_dir
+
+    try:
+        return json.loads((assets_dir() / REFERENCE_FILE).read_text())["summary"]["all"]
+    except (OSError, KeyError, ValueError):  # no committed table: the cards show none
+        return {}
+
+
+def reference_speedups(method: str) -> tuple[float | None, float | None]:
+    """The committed idle Spec-Bench speedups of ``method`` (the README's table, one
+    ``clover bench`` run on a quiet machine): over plain decoding, and over Medusa (with
+    its lookup branch when ``method`` has one). None where the table has no figure, and
+    for a method against itself."""
+    table = _reference_summary()
+    mine = table.get(method, {}).get("speedup")
+    medusa = "medusa+lookup" if method.endswith("+lookup") else "medusa"
+    base = table.get(medusa, {}).get("speedup")
+    vs_plain = mine if method != "ar" else None
+    vs_medusa = mine / base if mine and base and method != medusa else None
+    return vs_plain, vs_medusa

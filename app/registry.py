@@ -17,6 +17,7 @@ from typing import Sequence
 from clover import Engine, encode_prompt, load_target
 from clover.methods import HEAD_KINDS, METHOD_LABELS, split_method
 
+from app.engine_thread import runs_on_engine_thread
 from app.settings import auto_tree
 from app.sizing import TreeSizing
 
@@ -178,11 +179,13 @@ def load_heads_for(target, heads_dir: str | None, kinds: Sequence[str] | None = 
     return heads, sources
 
 
+@runs_on_engine_thread
 def register_model(key: str, target, heads: dict | None = None, sources: dict | None = None,
                    heads_dir: str | None = None, label: str | None = None,
                    warm_up: bool | str = True) -> LoadedModel:
     """Register an already loaded target under ``key``, with ``heads`` (per method, e.g.
-    from a test) where given and the rest loaded as :func:`load_heads_for` does.
+    from a test) where given and the rest loaded as :func:`load_heads_for` does. Runs on
+    the engine thread (:mod:`app.engine_thread`), as all the app's torch work does.
 
     ``warm_up``: True sizes the auto trees and decodes two tokens per method now;
     "background" does it in a thread (see :meth:`app.sizing.TreeSizing.start_background`);
@@ -206,8 +209,9 @@ def register_model(key: str, target, heads: dict | None = None, sources: dict | 
     return loaded
 
 
+@runs_on_engine_thread
 def open_target(model: str | None):
-    """Load a target (None = the embedded model).
+    """Load a target (None = the embedded model), on the engine thread.
 
     Raises:
         ValueError: with a message for the visitor when it cannot be loaded.

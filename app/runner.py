@@ -16,7 +16,7 @@ from clover.engine import lockstep, validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
-from app import zerogpu
+from app import engine_thread, zerogpu
 from app.registry import CORE_METHODS, LoadedModel, loaded_model
 from app.settings import Settings
 
@@ -28,8 +28,8 @@ def decode(model_key: str, method: str, prompt_ids: list[int], max_new_tokens: i
 
     Takes the model by key (not the object) so that it can run in a ZeroGPU worker.
     A plain generator: the engine enters inference mode per step and never holds it (or
-    any other thread-local state) across a yield, so Gradio may advance it from
-    whichever worker thread is free and close it from another.
+    any other thread-local state) across a yield; :func:`run_methods` advances it on the
+    engine thread (:mod:`app.engine_thread`).
     """
     loaded = loaded_model(model_key)
     kind, uses_lookup = split_method(method)
@@ -48,7 +48,9 @@ class RunEvent:
     """What :func:`run_methods` reports.
 
     Attributes:
-        kind: "start" (a method's run begins), "step" (one decode step) or "done".
+        kind: "start" (a method's run begins), "step" (one decode step), "done", or
+            "round" (every running method has stepped once: the point where the page may
+            be drawn, outside every timed step; ``method`` is "").
         method: the run's method (see :data:`clover.methods.ALL_METHODS`).
         live: True for the method the visitor asked to watch.
         step: the step's trace (kind "step").
@@ -89,20 +91,22 @@ def threads_for_load(loaded: LoadedModel) -> int | None:
 
 @contextmanager
 def load_threads(loaded: LoadedModel):
-    """Run the block with :func:`threads_for_load`'s thread count, restoring the count
-    after; yields ``(threads used, threads before)`` when it lowered them, else None."""
+    """Run the block with :func:`threads_for_load`'s thread count on the engine thread
+    (:mod:`app.engine_thread`; torch's thread count belongs to the thread that sets it),
+    restoring the count after; yields ``(threads used, threads before)`` when it lowered
+    them, else None."""
     import torch
 
     wanted = threads_for_load(loaded)
-    before = torch.get_num_threads()
+    before = engine_thread.call(torch.get_num_threads)
     if wanted is None:
         yield None
         return
-    torch.set_num_threads(wanted)
+    engine_thread.call(torch.set_num_threads, wanted)
     try:
         yield wanted, before
     finally:
-        torch.set_num_threads(before)
+        engine_thread.call(torch.set_num_threads, before)
 
 
 def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
@@ -121,7 +125,8 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
     """Run the methods of :func:`run_order` and report every step.
 
     In lockstep (the default): every method starts at once, then one step of each in
-    turn, the watched method first in every round, until all are done. The watched
+    turn, each round starting one method later (the watched method first in the first),
+    with a "round" event after every round, until all are done. The watched
     method's first step comes after one step of its own (not after every baseline's whole
     run), and a slow spell of the machine lands on every method alike, so each method's
     summed step times (its trace's engine time) compare within one shared window. On
@@ -152,8 +157,13 @@ def _events(methods: list[str], loaded: LoadedModel, settings: Settings,
                       settings.sampling, settings.tree) for m in methods}
     for m in methods:
         yield RunEvent("start", m, m == settings.method)
-    with closing(lockstep(runs)) as items:  # closing this generator closes every engine run
+    # every step on the engine thread (app.engine_thread), never on Gradio's workers;
+    # closing this generator closes every engine run there
+    with closing(engine_thread.iterate(lockstep(runs, rotate=True, rounds=True))) as items:
         for m, item in items:
+            if m is None:
+                yield RunEvent("round", "", False)
+                continue
             live = m == settings.method
             if isinstance(item, GenerationResult):
                 yield RunEvent("done", m, live, result=item)

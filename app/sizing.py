@@ -5,20 +5,21 @@ A :class:`TreeSizing` belongs to one loaded model (:class:`app.registry.LoadedMo
 is otherwise only read). Its measurements live in the target's
 ``clover.autotree.Calibrator`` (stored under ``$CLOVER_CACHE_DIR``, so a restart reads
 them instead of measuring); what lives here is whether a background measurement is
-running (an event and its thread) and how the app reads the measurements: the tree a
+running (an event and its engine-thread job) and how the app reads the measurements: the tree a
 run gets, the prompt lookup chain, the quiet plain-step time and the banner's line.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Callable
 
 from clover import TreeConfig
 from clover.methods import METHOD_LABELS
 
-from app import zerogpu
+from app import engine_thread, zerogpu
 from app.settings import auto_tree
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,14 @@ class TreeSizing:
 
     Attributes:
         calibrating: set while :meth:`start_background` measures.
+        job: the background measurement queued on the engine thread, once started.
     """
 
     def __init__(self, target, heads: dict):
         self.target = target
         self.heads = heads
         self.calibrating = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.job: Future | None = None
 
     @property
     def calibrator(self):
@@ -116,12 +118,13 @@ class TreeSizing:
         fastest of its repeats), or None where not measured."""
         return self.calibrator.plain_step_ms()
 
-    def start_background(self, then: Callable[[], None] | None = None) -> threading.Thread | None:
+    def start_background(self, then: Callable[[], None] | None = None) -> Future | None:
         """Size the auto trees without holding up start-up: stored sizes are read at once;
-        any left are measured in a daemon thread (runs meanwhile use the default budget),
-        which afterwards measures the lookup cost curve and calls ``then`` (the app's
-        warm-up). Returns the thread, or None when nothing was left to measure (``then``
-        is not called)."""
+        any left are measured as a job queued on the engine thread
+        (:mod:`app.engine_thread`: never beside a run, whose steps it would slow; runs
+        pressed meanwhile wait for it), which afterwards measures the lookup cost curve
+        and calls ``then`` (the app's warm-up). Returns the job, or None when nothing was
+        left to measure (``then`` is not called)."""
         todo = [k for k in self._kinds() if k not in self.auto_trees
                 and not self._calibrate(k, measure=False)]
         if not todo or zerogpu.active():
@@ -142,9 +145,8 @@ class TreeSizing:
             if then is not None:
                 then()
 
-        self.thread = threading.Thread(target=work, daemon=True, name="clover-auto-tree")
-        self.thread.start()
-        return self.thread
+        self.job = engine_thread.submit(work)
+        return self.job
 
     def note(self) -> str:
         """The banner's words on the auto trees: being sized (with the budget used

@@ -293,22 +293,36 @@ class Engine:
         return _new_row(self, index, prompt, cap, req.seed, req.key)
 
 
-def lockstep(runs: dict) -> Iterator[tuple[str, object]]:
+def lockstep(runs: dict, rotate: bool = False,
+             rounds: bool = False) -> Iterator[tuple[str | None, object]]:
     """Advance the generators ``runs`` (name -> generator) one item each in turn, in their
     order, until all are exhausted, yielding ``(name, item)`` for every item. How the app
     races its methods and the bench runs a prompt's methods: one decode step of each in
     turn, never two at once, so a slow spell of the machine lands on all of them alike.
+
+    Args:
+        rotate: start each round one run later (round r begins with the r-th run still
+            going), so no run always comes first after whatever happened between rounds.
+        rounds: yield ``(None, None)`` after every round that leaves a run going: a point
+            where no run is mid-step
+            (the app draws its page there, outside every timed step).
+
     Closing this generator closes every run."""
     active = list(runs)
     try:
+        r = 0
         while active:
-            for name in list(active):
+            start = r % len(active) if rotate else 0
+            for name in active[start:] + active[:start]:
                 try:
                     item = next(runs[name])
                 except StopIteration:
                     active.remove(name)
                     continue
                 yield name, item
+            r += 1
+            if rounds and active:
+                yield None, None
     finally:
         for run in runs.values():
             run.close()

@@ -326,10 +326,15 @@ def pytest_sessionfinish(session, exitstatus):
 def one_thread():
     """Decode on one thread in app tests: on a shared two-core machine torch's two threads
     stall each other. Nothing in those tests measures speed."""
-    n = torch.get_num_threads()
+    from app.engine_thread import call
+
+    # the count is per calling thread: set it here and on the app's engine thread
+    n, m = torch.get_num_threads(), call(torch.get_num_threads)
     torch.set_num_threads(1)
+    call(torch.set_num_threads, 1)
     yield
     torch.set_num_threads(n)
+    call(torch.set_num_threads, m)
 
 
 # What a test needs, read from the fixtures it uses (directly or through other fixtures);

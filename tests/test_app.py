@@ -88,10 +88,14 @@ def test_streams_trees_and_matches_plain_greedy(app_url, reference):
     # the final text is exactly plain greedy decoding's
     assert final[PLAIN] == ref.text
     assert "Done" in final[STATUS] and "exactly the same text" in final[STATUS]
-    # live metrics were streamed, with speedups against both baselines
+    # live metrics were streamed; these oracle heads finish in fewer steps than a speedup
+    # card needs, so the cards say so instead of showing a ratio of a few steps
     metrics = [o[METRICS] for o in streamed if isinstance(o[METRICS], str)]
-    assert any("speedup vs plain" in m and "×" in m.split("speedup vs plain")[1][:200]
-               for m in metrics)
+    assert any("speedup vs plain" in m for m in metrics)
+    assert final[METRICS].count('data-state="few"') == 2 and "shown after 8 steps" in final[METRICS]
+    from app.metrics import reference_speedups
+
+    assert f"Spec-Bench, idle: {reference_speedups('clover')[0]:.2f}×" in final[METRICS]
     text = latest(streamed, TEXT)
     assert "generated-text" in text and 'title="step 1: ' in text
     assert "accepted draft, depth 1" in text.split("generated-text")[1]

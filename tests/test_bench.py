@@ -457,6 +457,20 @@ def test_bench_methods_advance_in_lockstep():
     assert sorted(closed) == ["ar", "clover"]
 
 
+def test_lockstep_rotates_and_marks_rounds():
+    """With ``rotate`` each round starts one run later; with ``rounds`` a (None, None)
+    marks the end of every round after which a run may go on: the app draws its page only
+    there."""
+    from clover.engine import lockstep
+
+    def run(name, steps):
+        yield from ((name, i) for i in range(steps))
+
+    items = [n for n, _ in lockstep({"a": run("a", 3), "b": run("b", 3), "c": run("c", 2)},
+                                    rotate=True, rounds=True)]
+    assert items == ["a", "b", "c", None, "b", "c", "a", None, "a", "b", None]
+
+
 def core_only_site(folder):
     """A folder that holds only what ``pip install clover-studio`` (no extras) installs: a
     link to each top-level module of the core dependencies' closure (read from this

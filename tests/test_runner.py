@@ -81,12 +81,45 @@ def test_parse_settings_accepts_and_rejects():
             app_settings.parse_settings(*args)
 
 
+def test_all_the_apps_torch_work_runs_on_the_engine_thread():
+    """Loading, warm-up and every step of every method run on the one engine thread,
+    whichever thread registers the model or advances the run: torch's OpenMP keeps a
+    pool of threads per calling thread, and two pools on a small machine made every
+    step of the page about 1.5-2.5x slower than the benchmark's (app.engine_thread)."""
+    from app import engine_thread
+
+    target = tiny_target("llama", vocab_size=64)
+    seen = set()
+    target.model.register_forward_pre_hook(lambda *_: seen.add(threading.get_ident()))
+    loaded = in_other_thread(lambda: registry.register_model("test-one-thread", target,
+                                                             warm_up=True))
+    try:
+        chosen = app_settings.parse_settings("t5 t6 t7", "clover", 0, 6, "4")
+        prompt = runner.encode(loaded, chosen)
+        events = runner.run_methods(loaded, chosen, prompt)
+        kinds = []
+        while (ev := in_other_thread(lambda: next(events, None))) is not None:
+            kinds.append(ev.kind)
+        assert kinds.count("done") == 4 and kinds.count("round") >= 2
+        engine = engine_thread.call(threading.get_ident)
+        assert seen == {engine} and engine != threading.get_ident()
+    finally:
+        registry.forget_model("test-one-thread")
+
+
+def in_other_thread(fn):
+    """``fn()`` run on a new thread; its result."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
 def test_a_run_can_be_advanced_and_closed_from_any_thread():
     """Gradio advances a handler's generator from whichever worker thread is free and
-    closes it from another. The engine holds no thread-local state across a yield
-    (inference mode is entered per step), so a run needs no thread of its own: each step
-    taken in a fresh thread gives the same run as one thread, and a close from another
-    thread ends it."""
+    closes it from another: each step taken in a fresh thread gives the same run as one
+    thread, and a close from another thread ends it."""
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-threads", target, warm_up=False)
     try:
@@ -94,25 +127,19 @@ def test_a_run_can_be_advanced_and_closed_from_any_thread():
         prompt = runner.encode(loaded, chosen)
         alone = [e for e in runner.run_methods(loaded, chosen, prompt) if e.kind == "done"]
 
-        def in_thread(fn):
-            out = []
-            t = threading.Thread(target=lambda: out.append(fn()))
-            t.start()
-            t.join()
-            return out[0]
-
         events = runner.run_methods(loaded, chosen, prompt)
         hopped = []
         while True:
-            ev = in_thread(lambda: next(events, None))
+            ev = in_other_thread(lambda: next(events, None))
             if ev is None:
                 break
             hopped.append(ev)
         assert [e.kind for e in hopped].count("step") >= 2
-        assert hopped[-1].result.token_ids == alone[0].result.token_ids
+        done = [e for e in hopped if e.kind == "done"]
+        assert done[0].result.token_ids == alone[0].result.token_ids
         events = runner.run_methods(loaded, chosen, prompt)
         assert [next(events).kind, next(events).kind] == ["start", "step"]
-        in_thread(events.close)
+        in_other_thread(events.close)
         assert next(events, None) is None
     finally:
         registry.forget_model("test-threads")
@@ -231,7 +258,7 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
 
 def test_run_methods_in_lockstep():
     """The watched method starts first and every round takes one step of each method in
-    turn (watched first), so the watched tree is drawn after one step, not after every
+    turn (the watched first in the first round, then rotating), so the watched tree is drawn after one step, not after every
     baseline's run; on ZeroGPU (lockstep=False) the methods run one after another."""
     target = tiny_target("llama", vocab_size=64)
     settings = app_settings.parse_settings("t5 t6 t7", "clover", 0, 12, "auto")
@@ -248,6 +275,12 @@ def test_run_methods_in_lockstep():
     # step of every method before any takes a second
     first_round = [m for k, m in kinds if k == "step"][:4]
     assert first_round == ["clover", "ar", "lookup", "medusa"]
+    # a "round" event closes each round (the page is drawn only there), and each round
+    # starts one method later, so no method always steps first after the page was drawn
+    end = kinds.index(("round", ""))
+    assert [m for k, m in kinds[:end] if k == "step"] == first_round
+    second = kinds[end + 1:kinds.index(("round", ""), end + 1)]
+    assert [m for k, m in second if k == "step"] == ["ar", "lookup", "medusa", "clover"]
     # the oracle-drafted Clover finishes while plain decoding is still running
     assert kinds.index(("done", "clover")) < kinds.index(("done", "ar"))
     steps = {m: sum(1 for k, mm in kinds if k == "step" and mm == m) for m in ("clover", "ar")}
@@ -382,21 +415,23 @@ def test_a_busy_machine_decodes_on_fewer_threads(monkeypatch):
     the CPUs free, or unknown load, nothing changes. The probe itself reads /proc/stat."""
     import torch
 
+    from app.engine_thread import call
+
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-load-threads", target, warm_up=False)
-    before = torch.get_num_threads()
+    before = call(torch.get_num_threads)  # the count of the thread that runs the engine
     try:
-        torch.set_num_threads(2)
+        call(torch.set_num_threads, 2)
         monkeypatch.setattr("os.cpu_count", lambda: 2)
         for others, want in ((2.0, 1), (1.2, 1), (0.3, None), (None, None)):
             monkeypatch.setattr("clover.machine.others_cpu_load", lambda window_s=0.15, x=others: x)
             assert runner.threads_for_load(loaded) == want, others
         monkeypatch.setattr("clover.machine.others_cpu_load", lambda window_s=0.15: 2.0)
         with runner.load_threads(loaded) as used:
-            assert used == (1, 2) and torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 2
+            assert used == (1, 2) and call(torch.get_num_threads) == 1
+        assert call(torch.get_num_threads) == 2
     finally:
-        torch.set_num_threads(before)
+        call(torch.set_num_threads, before)
         registry.forget_model("test-load-threads")
     monkeypatch.undo()
     from clover.machine import others_cpu_load

@@ -1,0 +1,139 @@
+"""The page's speed cards against ``clover bench`` on the same prompt and tree.
+
+    python scripts/page_check.py --rounds 3 --hogs 0 --out ~/.cache/clover-studio/page-check.json
+    python scripts/page_check.py --rounds 3 --hogs 2 --out ~/.cache/clover-studio/page-check-hogs.json
+
+Starts the app on 127.0.0.1 with the embedded model, opens it in Debian's chromium (on
+the same machine, as a visitor trying it locally would), and ``--rounds`` times: runs
+the prompt on the page (watch Clover, compare on, greedy, ``--tokens`` new tokens,
+``--tree``) and reads the speedups over plain decoding from the page's table, then runs
+``clover bench`` on the same prompt and tree (``--repeats`` each) and reads its
+``results.json``. With ``--hogs N``, N CPU-bound processes run beside both all along
+(stopped however the script ends). Reports each figure per round, the medians, their
+spreads (max - min) and page / bench per method: 1.00 means the page says what the
+benchmark says.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--no-first-run"]
+PROMPT = "Why do we see lightning before we hear thunder?"
+METHODS = ("medusa", "clover")
+STATUS = "document.querySelector('#status').innerText"
+# the page's table: one row per method, its cells in the order of app.figures.metrics_html
+TABLE = """() => Array.from(document.querySelectorAll('#metrics table tr')).slice(1)
+  .map(r => Array.from(r.cells).map(c => c.innerText))"""
+
+
+def page_speedups(page, prompt: str, tokens: int, tree: str) -> dict:
+    """One run on the page: its speedups over plain decoding (tokens/s over plain's),
+    per method, as the page's table shows them."""
+    from clover.methods import METHOD_LABELS
+
+    page.fill("#prompt textarea", prompt)
+    page.locator("#max-new-tokens input").fill(str(tokens))
+    page.locator("#tree-budget input").fill(tree)
+    page.locator("#tree-budget input").press("Enter")
+    page.click("#run-button")
+    page.wait_for_function(f"!{STATUS}.includes('Done')", timeout=60_000, polling=20)
+    page.wait_for_function(f"{STATUS}.includes('Done')", timeout=600_000, polling=100)
+    table = page.evaluate(TABLE)
+    print(page.evaluate(STATUS), table, file=sys.stderr)
+    rows = {r[0]: float(r[4]) for r in table}
+    plain = rows[METHOD_LABELS["ar"]]
+    return {m: rows[METHOD_LABELS[m]] / plain for m in METHODS}
+
+
+def bench_speedups(prompt: str, tokens: int, tree: str, repeats: int) -> dict:
+    """One ``clover bench`` run on ``prompt``: each method's speedup over plain."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = Path(tmp) / "prompt.jsonl"
+        prompts.write_text(json.dumps({"question_id": "page-check", "category": "check",
+                                       "turns": [prompt]}) + "\n")
+        subprocess.run(["clover", "bench", "--methods", "ar," + ",".join(METHODS),
+                        "--prompts", str(prompts), "--max-new-tokens", str(tokens),
+                        "--tree", tree, "--repeats", str(repeats), "--quiet",
+                        "--out", str(Path(tmp) / "out")], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        records = json.loads((Path(tmp) / "out" / "results.json").read_text())["runs"]
+    return {m: statistics.median(r["speedup"] for r in records if r["method"] == m)
+            for m in METHODS}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3),
+            "spread": round(max(values) - min(values), 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hogs", type=int, default=0)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tree", default="dynamic:budget=2", help="the tree (a spec, as both take it)")
+    ap.add_argument("--repeats", type=int, default=3, help="clover bench's --repeats")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    from app.ui import build_demo, launch_options
+
+    demo = build_demo(warm_up=True)  # the auto trees sized before any timing
+    with socket.socket() as sock:  # a free local port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **launch_options())
+    report: dict = {"prompt": args.prompt, "tokens": args.tokens, "tree": args.tree,
+                    "hogs": args.hogs, "repeats": args.repeats, "page": [], "bench": []}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.hogs)]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#prompt textarea")
+            for r in range(args.rounds):
+                t0 = time.monotonic()
+                report["page"].append(page_speedups(page, args.prompt, args.tokens, args.tree))
+                report["bench"].append(bench_speedups(args.prompt, args.tokens, args.tree,
+                                                      args.repeats))
+                print(f"round {r + 1}: page {report['page'][-1]} bench {report['bench'][-1]} "
+                      f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+            browser.close()
+    finally:
+        for h in hogs:
+            h.kill()
+        demo.close()
+    for m in METHODS:
+        page_m = summary([x[m] for x in report["page"]])
+        bench_m = summary([x[m] for x in report["bench"]])
+        report[m] = {"page": page_m, "bench": bench_m,
+                     "page_over_bench": round(page_m["median"] / bench_m["median"], 3)}
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).expanduser().write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
