@@ -22,7 +22,7 @@ from app import figures, runner, step_panels
 from app.metrics import (MIN_RATIO_STEPS, best_step, engine_ms, reference_speedups, run_stats,
                          speedup, token_origins)
 from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
-from app.settings import MAX_NEW_TOKENS, parse_settings
+from app.settings import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
 from clover.autotree import BUSY_SPREAD
@@ -36,6 +36,13 @@ LIVE_SECONDS = 1.0  # the page is redrawn at most this often during a run
 # after each redraw the next round waits this long, so the page's drawing (the server
 # sending it, a browser on the same machine rendering it) never falls inside a timed step
 SETTLE_SECONDS = 0.25
+
+REPLAY_JS = (Path(__file__).parent / "race_replay.js").read_text()
+# after a run the race replays by itself (texts and figure) when there is one to replay
+AUTO_REPLAY_JS = ("() => { if (!document.querySelector('#text-race .race-row')) return []; "
+                  f"return ({REPLAY_JS})(); }}")
+SHOW_RESULTS_JS = ("() => { if (window.innerWidth < 800) document.querySelector('#status')"
+                   "?.scrollIntoView({behavior: 'smooth', block: 'start'}); return []; }")
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
                "Speedups compare the methods at the same number of tokens; the methods ran "
@@ -217,7 +224,7 @@ def method_choices(loaded: LoadedModel) -> list[tuple[str, str]]:
 
 # the outputs of a run, in order; a handler names the ones it changes (see _out)
 RUN_OUTPUTS = ("status", "banner", "metrics", "tree", "text", "plain", "slider", "browse",
-               "accept", "hist", "race", "state")
+               "accept", "hist", "race", "textrace", "state")
 
 
 def _out(**kw) -> tuple:
@@ -239,9 +246,14 @@ def _finish(st: RunState, stopped: bool = False) -> tuple:
     summary, slider, choices, tree_fig, accept, hist, race = _after_run(st, stopped)
     plain = (st.results[st.method].text if st.method in st.results
              else "".join(t.text for t in token_origins(live)))
+    try:  # the banner as it stands now (the auto trees' sizing may have ended meanwhile)
+        banner = loaded_model(st.model_key).notice() if st.model_key else gr.skip()
+    except KeyError:  # the model was unloaded since
+        banner = gr.skip()
     return _out(status=summary, slider=slider, browse=choices, tree=tree_fig,
                 accept=accept, hist=hist, race=race, metrics=_metrics(st), plain=plain,
-                state=st)
+                textrace=figures.text_race_html(st.runs), banner=banner,
+                text=figures.tokens_html(live), state=st)
 
 
 class RunHandler:
@@ -281,14 +293,18 @@ class RunHandler:
             st.done = True
             yield _fail(str(e))
             return
-        yield _out(status="Starting…", banner=chosen.notice(), metrics=_metrics(st),
+        order = runner.run_order(settings.method, settings.compare, settings.lookup,
+                                 chosen.methods)
+        each = f" by each of the {len(order)} methods" if len(order) > 1 else ""
+        yield _out(status=f"Starting: the prompt's {len(prompt_ids)} tokens are read{each} "
+                          f"before the first step…",
+                   banner=chosen.notice(), metrics=_metrics(st),
                    text=figures.tokens_html([]), plain="", state=st,
                    slider=gr.update(value=1, maximum=2, interactive=False),
                    accept=figures.empty_figure("Per-depth acceptance after a run"),
                    hist=figures.empty_figure("Tokens per step after a run"),
-                   race=figures.empty_figure("The race appears after the run"))
-        order = runner.run_order(settings.method, settings.compare, settings.lookup,
-                                 chosen.methods)
+                   race=figures.empty_figure("The race appears after the run"),
+                   textrace=figures.text_race_html({}))
         time.sleep(SETTLE_SECONDS)  # the page draws "Starting" before the first timed step
         shown = None  # when the page was last drawn during the run
         try:
@@ -376,17 +392,27 @@ def on_stop(st: RunState | None, visitor: Visitor):
 
 
 def step_view(st: RunState, method_value: str, i: int) -> tuple:
-    """Step ``i`` of a run as one picture: its tree, the text committed up to it
-    and the metrics so far."""
+    """Step ``i`` of a run as one picture: its tree, the text committed up to it, the
+    metrics so far and a status line naming the step on display."""
     steps = st.runs[method_value]
     return (figures.tree_figure(steps[i], len(steps)), figures.tokens_html(steps[: i + 1]),
-            _metrics(st, method=method_value, upto=i + 1))
+            _metrics(st, method=method_value, upto=i + 1), step_status(st, method_value, i))
+
+
+def step_status(st: RunState, method_value: str, i: int) -> str:
+    """The status line while step ``i`` of ``method_value``'s trace is on display."""
+    steps = st.runs[method_value]
+    step = steps[i]
+    drafts = len(step.accepted) - 1 if step.accepted else 0
+    return (f"{_summary(st)} Showing **{METHOD_LABELS[method_value]}**, step {i + 1} of "
+            f"{len(steps)}: {drafts} drafted token{'s' if drafts != 1 else ''} accepted, "
+            f"{len(step.new_tokens)} committed.")
 
 
 def on_browse(step_number, method_value, st: RunState | None):
     """The step view of step ``step_number`` (1-based) of ``method_value``'s trace."""
     if not st or not st.done or not st.runs.get(method_value):
-        return gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     steps = st.runs[method_value]
     i = min(max(int(step_number or 1), 1), len(steps)) - 1
     return step_view(st, method_value, i)
@@ -451,7 +477,7 @@ def on_pick_trace_panels(method_value, st: RunState | None):
 def on_pick_trace(method_value, st: RunState | None):
     """Show another method's trace: the slider spans its steps, the view its last step."""
     if not st or not st.done or not st.runs.get(method_value):
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (gr.skip(),) * 5
     steps = st.runs[method_value]
     return (gr.update(minimum=1, maximum=max(len(steps), 2), value=len(steps),
                       interactive=len(steps) > 1),) + step_view(st, method_value, len(steps) - 1)
@@ -471,9 +497,15 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=330):
             prompt = gr.Textbox(
-                label="Prompt", lines=5, max_lines=14, elem_id="prompt",
+                examples[0]["prompt"] if examples else "", label="Prompt", lines=4,
+                max_lines=14, elem_id="prompt",
                 placeholder="Ask something, or pick an example below. For a "
                             "multi-turn chat write 'User: ...' / 'Assistant: ...' lines.")
+            # right under the prompt, above every setting: one per task kind
+            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt],
+                        example_labels=[e["kind"] for e in examples],
+                        label="Examples: one per task kind", examples_per_page=len(examples),
+                        elem_id="examples")
             with gr.Row():
                 run_btn = gr.Button("Run", variant="primary", elem_id="run-button")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-button")
@@ -489,10 +521,13 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
                                     info="0 = greedy; above 0 = lossless speculative "
                                          "sampling")
-            seed = gr.Number(value=None, precision=0, label="Seed", elem_id="seed",
-                             info="for sampling; empty = a new random seed per run "
-                                  "(shown after the run, to reproduce it)")
-            max_new = gr.Number(value=64, label="Max new tokens", elem_id="max-new-tokens",
+            # a text box: a number box shows (and sends) 0 when empty, so every "random"
+            # run would have been seed 0
+            seed = gr.Textbox("", label="Seed", elem_id="seed", placeholder="random",
+                              max_lines=1, info="for sampling; empty = a new random seed "
+                                                "per run (shown after the run, to reproduce it)")
+            max_new = gr.Number(value=DEFAULT_MAX_NEW_TOKENS, label="Max new tokens",
+                                elem_id="max-new-tokens",
                                 info=f"1 to {MAX_NEW_TOKENS}")
             tree = gr.Dropdown(
                 ["auto", "4", "6", "10", "16", "24", "32"], value="auto",
@@ -514,11 +549,8 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                     placeholder="empty = the model's shipped heads, else untrained heads",
                     info="A folder saved by save_pretrained, or one with medusa/, "
                          "clover/ and clover2/ subfolders.")
-            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[prompt],
-                        example_labels=[e["kind"] for e in examples],
-                        label="Examples: one per task kind", examples_per_page=14)
         with gr.Column(scale=7, min_width=480):
-            status = gr.Markdown("Pick an example or type a prompt, then press **Run**.",
+            status = gr.Markdown("Press **Run** to decode the prompt, or pick another example first.",
                                  elem_id="status")
             metrics = gr.HTML(figures.metrics_html(
                 "clover", run_stats([]), None, None, (), TIMING_NOTE),
@@ -549,6 +581,7 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                               show_label=False, elem_id="acceptance-plot")
         hist_plot = gr.Plot(figures.empty_figure("Tokens per step after a run"),
                             show_label=False, elem_id="histogram-plot")
+    text_race = gr.HTML(figures.text_race_html({}), elem_id="text-race-panel")
     race_plot = gr.Plot(figures.empty_figure("The race of plain, Medusa and Clover "
                                              "after a run"),
                         show_label=False, elem_id="race-plot")
@@ -556,7 +589,7 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
 
     outputs = dict(status=status, banner=banner, metrics=metrics, tree=tree_plot, text=text,
                    plain=plain_text, slider=step_slider, browse=browse, accept=accept_plot,
-                   hist=hist_plot, race=race_plot, state=state)
+                   hist=hist_plot, race=race_plot, textrace=text_race, state=state)
     run_outputs = [outputs[n] for n in RUN_OUTPUTS]
     run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed,
                   lookup]
@@ -567,12 +600,16 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     # Gradio's default ("once") the run of a press made while another run is pending is
     # dropped after the press was counted, and Stop's bookkeeping, which cancels the
     # presses counted so far, would then cancel the next real run
+    # on a narrow screen the results sit below the settings: bring them into view
+    for trigger in (run_btn.click, prompt.submit):
+        trigger(None, js=SHOW_RESULTS_JS, api_visibility="private")
     for trigger, api in ((run_btn.click, dict(api_name="run")),
                          (prompt.submit, dict(api_visibility="private"))):
         trigger(on_press, [visitor], None, api_visibility="private", concurrency_limit=None,
                 show_progress="hidden", trigger_mode="multiple").then(
             on_run, run_inputs + [visitor], run_outputs, concurrency_limit=1,
             concurrency_id="decode", show_progress="hidden", trigger_mode="multiple", **api).then(
+            None, js=AUTO_REPLAY_JS, api_visibility="private").then(
             on_step_panels, [step_slider, browse, state], panel_outputs,
             api_visibility="private", concurrency_limit=None, show_progress="hidden",
             trigger_mode="multiple")
@@ -581,10 +618,10 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     # cancels the run outright.
     stop_btn.click(on_stop, [state, visitor], None, api_visibility="private",
                    concurrency_limit=None, show_progress="hidden")
-    step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics],
+    step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics, status],
                       api_visibility="private", concurrency_limit=None,
                       show_progress="hidden", trigger_mode="always_last")
-    browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics],
+    browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics, status],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # the step panels follow the step view, as separate events so the tree never waits
     # for them
@@ -595,4 +632,4 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                  concurrency_limit=None, show_progress="hidden")
     # the replay is drawn in the browser from the timelines the race figure carries: no
     # server work per frame, so replays never slow other visitors' runs
-    replay_btn.click(None, js=(Path(__file__).parent / "race_replay.js").read_text())
+    replay_btn.click(None, js=REPLAY_JS)

@@ -613,3 +613,42 @@ def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard | float | Non
     return (f"<div id='metrics' style='font-family:{FONT}'>{warning_html(warning)}{title}"
             f"<div style='display:flex;flex-wrap:wrap;gap:8px'>{card_html}</div>"
             f"{table_html}{foot}</div>")
+
+
+def text_race_html(runs: Mapping[str, Sequence[StepTrace]]) -> str:
+    """The methods' texts side by side, for the race replay: one row per method that
+    ran, each token a span marked with the engine time (ms) at which its step committed
+    it (``data-ms``) and coloured as in :func:`tokens_html` (accepted drafts green by
+    depth, the target's own tokens blue). ``race_replay.js`` reveals the tokens at their
+    own engine-time pace, in the browser; without it the whole texts show."""
+    rows = []
+    for m in ALL_METHODS:
+        steps = runs.get(m) or []
+        if not steps:
+            continue
+        ends = [t for t, _ in timeline(steps)[1:]]  # engine ms after each step
+        spans = []
+        for tok in token_origins(steps):
+            if not tok.text:
+                continue
+            bg = TARGET_BG if tok.depth == 0 else DEPTH_BG[min(tok.depth, 4)]
+            fg = "#fff" if tok.depth >= 4 else "#111"
+            text = html.escape(tok.text, quote=False).replace("\n", "↵ ")
+            spans.append(f'<span data-ms="{ends[tok.step]:.1f}" style="background:{bg};'
+                         f'color:{fg};border-radius:3px">{text}</span>')
+        rows.append(
+            f"<div class='race-row' data-method='{m}' style='display:flex;gap:8px;"
+            f"align-items:flex-start;margin:4px 0'>"
+            f"<div style='flex:0 0 92px;font-weight:600;color:{METHOD_COLORS[m]};"
+            f"font-size:13px'>{METHOD_LABELS[m]}<div class='race-clock' "
+            f"style='font-weight:400;font-size:11px;opacity:0.8'>{ends[-1] / 1e3:.2f} s</div></div>"
+            f"<div class='race-text' style='flex:1;min-width:0;white-space:pre-wrap;"
+            f"font-size:13px;line-height:1.7;padding:4px 8px;border:1px solid #E3E3E3;"
+            f"border-radius:6px;background:#fff;color:#111;max-height:7.5em;overflow-y:auto'>"
+            f"{''.join(spans)}</div></div>")
+    if not rows:
+        return ("<div id='text-race' style='color:#888;font-size:13px'>The methods' texts race "
+                "here after a run, each at its own speed.</div>")
+    return (f"<div id='text-race' style='font-family:{FONT}'><div style='font-size:13px;"
+            f"margin-bottom:4px'><b>The texts, as fast as each method wrote them</b> "
+            f"(engine time; replayed in your browser)</div>{''.join(rows)}</div>")

@@ -4,7 +4,9 @@
 // each step, and the indices of its bar, line and marker traces. This redraws the figure
 // at engine time t, from 0 to the end, in real time (faster for races longer than
 // race.seconds), then puts back the figure as the server drew it. A new figure from the
-// server (a new run) or another press of Replay ends a replay under way.
+// server (a new run) or another press of Replay ends a replay under way. The texts of
+// app/figures.py text_race_html() (#text-race) grow on the same clock: each token shows
+// once the engine time of the step that committed it has passed.
 () => {
   const gd = document.querySelector("#race-plot .js-plotly-plot");
   const Plotly = window.Plotly;
@@ -24,7 +26,27 @@
               "shapes[0].x0": gd.layout.shapes[0].x0, "shapes[0].x1": gd.layout.shapes[0].x1 },
   };
   const seconds = (ms) => (ms / 1e3).toFixed(2);
+  const rows = Array.from(document.querySelectorAll("#text-race .race-row")).map((row) => ({
+    spans: Array.from(row.querySelectorAll(".race-text span[data-ms]")),
+    box: row.querySelector(".race-text"), clock: row.querySelector(".race-clock"),
+  }));
+  for (const r of rows) {
+    r.end = r.spans.length ? +r.spans[r.spans.length - 1].dataset.ms : 0;
+    r.shown = 0;
+    r.clockText = r.clock ? r.clock.textContent : "";
+    for (const s of r.spans) s.style.display = "none";
+  }
+  const texts = (t) => {
+    for (const r of rows) {
+      while (r.shown < r.spans.length && +r.spans[r.shown].dataset.ms <= t) {
+        r.spans[r.shown++].style.display = "";
+        r.box.scrollTop = r.box.scrollHeight;
+      }
+      if (r.clock) r.clock.textContent = seconds(Math.min(t, r.end)) + " s" + (t >= r.end ? " ✓" : "");
+    }
+  };
   const draw = (t) => {
+    texts(t);
     const x = [], y = [], text = [];
     for (const r of race.runs) {
       let k = 0;  // the last step that ended by t
@@ -49,6 +71,8 @@
     if (!current()) return;  // a new run's figure, or a new replay, took over
     const t = (performance.now() - start) * speed;
     if (t >= race.end_ms) {
+      texts(Infinity);
+      for (const r of rows) if (r.clock) r.clock.textContent = r.clockText;
       Plotly.update(gd, saved.data, saved.layout, traces);
       gd._cloverReplay = null;
       return;

@@ -12,6 +12,7 @@ from clover.methods import ALL_METHODS, HEAD_KINDS, split_method, with_lookup
 from clover.models import check_text
 
 MAX_NEW_TOKENS = 512
+DEFAULT_MAX_NEW_TOKENS = 64  # the "Max new tokens" box when the page opens
 MAX_PROMPT_CHARS = 20_000
 MAX_TEMPERATURE = 5.0
 

@@ -149,29 +149,37 @@ class TreeSizing:
         return self.job
 
     def note(self) -> str:
-        """The banner's words on the auto trees: being sized (with the budget used
-        meanwhile), or the budgets in use and, where the measurement says no tree pays on
-        this machine (or was taken while it was busy), the figures. "" with no trees."""
+        """The banner's words on the auto trees: being sized (runs pressed meanwhile
+        wait for it), or the budgets in use and, where the measurement says no tree pays
+        on this machine or was taken while it was busy, one clause naming those methods.
+        "" with no trees."""
         if self.calibrating.is_set():
-            return (f" · **auto tree:** being sized for this machine in the background "
-                    f"(meanwhile {auto_tree().budget} drafted tokens)")
+            return (" · **auto tree:** being sized for this machine (a run pressed meanwhile "
+                    "starts when it ends, within about a minute)")
         trees = self.auto_trees
         if not trees:
             return ""
-        parts, notes = [], []
+        parts, off, busy = [], [], []
         cals = self.calibrations
         for k, t in sorted(trees.items()):
             name = METHOD_LABELS[k]
             parts.append(f"{name} {t.budget} drafted token{'s' if t.budget != 1 else ''}")
             cal = cals.get(k)
             if cal is not None and cal.tree.off:
-                figures = (f" (best expected {cal.expected:.2f}x plain, at {cal.best_budget} "
-                           f"drafted token{'s' if cal.best_budget != 1 else ''})"
-                           if cal.expected and cal.best_budget else "")
-                notes.append(f"for {name} no tree pays on this machine{figures}, so it "
-                             f"drafts the smallest tree to show the method")
+                off.append(name)
             if cal is not None and (cal.busy or cal.provisional):
-                notes.append(f"{name}'s was measured while the machine was busy: "
-                             f"it stands until the machine is quiet, then is measured again")
+                busy.append(name)
+        notes = []
+        if off:
+            notes.append(f"no tree pays on this machine for {_join(off)}, so "
+                         f"{'it drafts' if len(off) == 1 else 'they draft'} the smallest tree "
+                         f"to show the method")
+        if busy:
+            notes.append(f"measured while the machine was busy; kept until it is quiet")
         text = " · **auto tree:** " + ", ".join(parts)
         return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _join(names: list[str]) -> str:
+    """"A", "A and B", "A, B and C"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]

@@ -82,7 +82,7 @@ from clover.cache import append_rows, buffered_cache, cache_length, compact_rows
 from clover.heads import DraftHeads, PlainDrafter, check_fits
 from clover.heads.drafter import Drafter, draft_rows, observe_rows
 from clover.lookup import HybridDrafter, LookupConfig, LookupDrafter
-from clover.models import TargetModel, TextStream, check_text
+from clover.models import TargetModel, TextStream, check_text, token_texts
 from clover.trace import TARGET_TOP, GenerationResult, StepTrace, TreeNode
 from clover.tree import (Tree, TreeConfig, batch_position_ids, batch_tree_mask, position_ids,
                          tree_mask)
@@ -834,7 +834,7 @@ class StepLoop:
         trace = StepTrace(
             step=len(row.steps), nodes=nodes, accepted=acc.path[:1 + n_drafts],
             cut=acc.path[1 + n_drafts:], bonus_token=acc.bonus_token,
-            bonus_text=self.engine.target.tokenizer.decode([acc.bonus_token]), bonus_prob=bonus_prob,
+            bonus_text=token_texts(self.engine.target.tokenizer, [acc.bonus_token])[0], bonus_prob=bonus_prob,
             bonus_committed=len(kept) == len(acc.path),
             new_tokens=kept, new_text=texts, accepted_length=len(kept),
             draft_ms=draft_ms, verify_ms=verify_ms, total_tokens=len(row.new),
@@ -858,8 +858,8 @@ class StepLoop:
         target_p[0] = 1.0  # the root: committed already
         top = probs.topk(min(TARGET_TOP, probs.shape[-1]), dim=-1)  # (N, k)
         top_ids, top_p = top.indices.tolist(), top.values.tolist()
-        texts = tok.batch_decode([[i] for i in ids])
-        top_texts = tok.batch_decode([[t] for row in top_ids for t in row])
+        texts = token_texts(tok, ids)
+        top_texts = token_texts(tok, [t for row in top_ids for t in row])
         k = len(top_ids[0])
         sources = tree.sources or ["root"] + ["head"] * (len(tree) - 1)
         return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],

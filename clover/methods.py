@@ -13,9 +13,10 @@ METHOD_LABELS = {"ar": "Plain", "lookup": "Lookup", "medusa": "Medusa", "clover"
                  "clover2": "Clover-2", "medusa+lookup": "Medusa + lookup",
                  "clover+lookup": "Clover + lookup", "clover2+lookup": "Clover-2 + lookup"}
 # Okabe-Ito colours (colour-blind safe), one per method, for every chart
+# a head method with the lookup branch: a darker shade of its base method's colour
 METHOD_COLORS = {"ar": "#999999", "lookup": "#009E73", "medusa": "#E69F00", "clover": "#0072B2",
-                 "clover2": "#CC79A7", "medusa+lookup": "#D55E00", "clover+lookup": "#56B4E9",
-                 "clover2+lookup": "#000000"}
+                 "clover2": "#CC79A7", "medusa+lookup": "#8F6300", "clover+lookup": "#00406A",
+                 "clover2+lookup": "#8A3F6F"}
 
 
 def with_lookup(method: str, lookup: bool = True) -> str:

@@ -9,9 +9,11 @@ the prompt on the page (watch Clover, compare on, greedy, ``--tokens`` new token
 ``--tree``) and reads the speedups over plain decoding from the page's table, then runs
 ``clover bench`` on the same prompt and tree (``--repeats`` each) and reads its
 ``results.json``. With ``--hogs N``, N CPU-bound processes run beside both all along
-(stopped however the script ends). Reports each figure per round, the medians, their
+(stopped however the script ends), and the bench gets the thread count the page chose
+for that load. Reports each figure per round, the medians, their
 spreads (max - min) and page / bench per method: 1.00 means the page says what the
-benchmark says.
+benchmark says; ``plain_ms`` is plain decoding's time per step on each (the page's from
+its tokens/s), the direct check that the page times steps as the bench does.
 """
 from __future__ import annotations
 
@@ -52,11 +54,10 @@ def page_speedups(page, prompt: str, tokens: int, tree: str) -> dict:
     page.click("#run-button")
     page.wait_for_function(f"!{STATUS}.includes('Done')", timeout=60_000, polling=20)
     page.wait_for_function(f"{STATUS}.includes('Done')", timeout=600_000, polling=100)
-    table = page.evaluate(TABLE)
-    print(page.evaluate(STATUS), table, file=sys.stderr)
-    rows = {r[0]: float(r[4]) for r in table}
+    rows = {r[0]: float(r[4]) for r in page.evaluate(TABLE)}
     plain = rows[METHOD_LABELS["ar"]]
-    return {m: rows[METHOD_LABELS[m]] / plain for m in METHODS}
+    # plain decoding commits one token a step: its ms per step from its tokens/s
+    return {**{m: rows[METHOD_LABELS[m]] / plain for m in METHODS}, "plain_ms": 1e3 / plain}
 
 
 def bench_speedups(prompt: str, tokens: int, tree: str, repeats: int) -> dict:
@@ -65,14 +66,21 @@ def bench_speedups(prompt: str, tokens: int, tree: str, repeats: int) -> dict:
         prompts = Path(tmp) / "prompt.jsonl"
         prompts.write_text(json.dumps({"question_id": "page-check", "category": "check",
                                        "turns": [prompt]}) + "\n")
-        subprocess.run(["clover", "bench", "--methods", "ar," + ",".join(METHODS),
+        # the thread count the page decodes with here (app.runner.threads_for_load: fewer
+        # beside busy CPUs), so both time the same kernels
+        from clover.machine import threads_for_load
+
+        threads = ["--threads", str(n)] if (n := threads_for_load()) else []
+        subprocess.run(["clover", "bench", "--methods", "ar," + ",".join(METHODS), *threads,
                         "--prompts", str(prompts), "--max-new-tokens", str(tokens),
                         "--tree", tree, "--repeats", str(repeats), "--quiet",
                         "--out", str(Path(tmp) / "out")], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         records = json.loads((Path(tmp) / "out" / "results.json").read_text())["runs"]
-    return {m: statistics.median(r["speedup"] for r in records if r["method"] == m)
-            for m in METHODS}
+    plain = [r for r in records if r["method"] == "ar"]
+    return {**{m: statistics.median(r["speedup"] for r in records if r["method"] == m)
+               for m in METHODS},
+            "plain_ms": statistics.median(r["draft_ms"] + r["verify_ms"] for r in plain)}
 
 
 def summary(values: list[float]) -> dict:
@@ -123,7 +131,7 @@ def main(argv=None) -> int:
         for h in hogs:
             h.kill()
         demo.close()
-    for m in METHODS:
+    for m in (*METHODS, "plain_ms"):
         page_m = summary([x[m] for x in report["page"]])
         bench_m = summary([x[m] for x in report["bench"]])
         report[m] = {"page": page_m, "bench": bench_m,

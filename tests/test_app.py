@@ -353,3 +353,20 @@ def test_app_answers_within_a_minute_on_a_busy_machine(embedded, tmp_path):
         for p in hogs + [app]:
             p.kill()
             p.wait()
+
+
+def test_the_examples_one_per_task_kind_none_loops(embedded, one_thread):
+    """The page's examples: one per task kind, each with its own label, and none on which
+    the embedded model falls into a loop (no 6-token sequence three times) in the page's
+    default 64 greedy tokens. The first one fills the prompt when the page opens."""
+    from app.decode_tab import load_examples
+    from app.settings import DEFAULT_MAX_NEW_TOKENS
+
+    examples = load_examples()
+    kinds = [e["kind"] for e in examples]
+    assert len(kinds) == len(set(kinds)) >= 6
+    for e in examples:
+        ids = Engine(embedded).generate(encode_prompt(embedded.tokenizer, e["prompt"]),
+                                        DEFAULT_MAX_NEW_TOKENS).token_ids
+        grams = [tuple(ids[i:i + 6]) for i in range(len(ids) - 5)]
+        assert max((grams.count(g) for g in grams), default=0) < 3, e["kind"]

@@ -133,6 +133,10 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     page.fill("#prompt textarea", "Write a haiku about autumn leaves.")
     page.locator("#max-new-tokens input").fill("16")
     record_states(page, "#status")  # every state of the status line, with the page's time
+    page.evaluate("""() => { window.__hiddenTokens = 0; new MutationObserver((ms) => {
+        for (const m of ms) if (m.target.style && m.target.style.display === 'none') window.__hiddenTokens++;
+      }).observe(document.querySelector('#text-race-panel'),
+                 {attributes: true, subtree: true, attributeFilter: ['style']}); }""")
     page.evaluate("""() => { window.__t0 = null; document.querySelector('#run-button')
         .addEventListener('click', () => { window.__t0 = performance.now(); }, {capture: true}); }""")
     page.click("#run-button")
@@ -183,6 +187,17 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     assert "Race replay" in page.locator("#race-plot").inner_text()
     assert page.locator("#acceptance-plot .js-plotly-plot").is_visible()
 
+    # after the run the race replayed by itself: the texts side by side, each token shown
+    # once its method's engine time reached it; it ends with every text whole
+    rows = page.locator("#text-race .race-row")
+    assert rows.count() >= 3
+    wait_until(page, "!document.querySelector('#race-plot .js-plotly-plot')._cloverReplay && "
+                     "Array.from(document.querySelectorAll('#text-race .race-text span'))"
+                     ".every(s => s.style.display !== 'none')", timeout=30_000)
+    assert page.evaluate("window.__hiddenTokens") > 0  # the replay hid tokens, then showed them
+    for i in range(rows.count()):
+        spans = rows.nth(i).locator(".race-text span")
+        assert spans.count() >= 1 and spans.last.is_visible()
     # the race replays from the start of the recorded times, drawn by the page itself: no
     # request reaches the server while it plays, and it ends on the figure it started from
     end_title = page.locator("#race-plot .gtitle").text_content()
@@ -283,7 +298,9 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
     wait_until(page, "document.querySelector('#status').innerText.includes('Done')", timeout=240_000)
     page.wait_for_timeout(500)
     seen = [text for _, text in recorded_states(page, "#generated-text")] + [page.inner_text("#generated-text")]
-    assert len(set(seen)) > 2  # the panel's states during the run were seen
+    # the panel's states were seen (the page is drawn at most once a second during a run,
+    # so a run this short may show only its first round before the end)
+    assert len(set(seen)) >= 2
     final = seen[-1].replace("↵", "").replace("<|im_end|>", "")
     assert final == ref.text and ref.text.endswith("🦙\ufffd")
     assert not [s for s in seen if "\ufffd" in s and s != seen[-1]]
@@ -461,7 +478,8 @@ def test_a_busy_machine_still_shows_the_tree_and_the_race(embedded, one_thread, 
         stored = tmp_path / "cache" / "autotree.json"
         if any(c.busy or c.provisional for c in loaded.sizing.calibrations.values()):
             # the page says so, and the store marks the disturbed choice provisional
-            assert "measured while the machine was busy" in page.inner_text("#model-notice")
+            assert "measured while the machine was busy; kept until it is quiet" in page.inner_text(
+                "#model-notice")
             records = json.loads(stored.read_text()).values() if stored.exists() else []
             assert all(r.get("provisional") for r in records if r.get("others_load", 0) > 0.5)
     finally:
@@ -489,4 +507,26 @@ def test_a_double_click_then_stop_then_run_decodes(app_url, browser):
     wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
                timeout=240_000)
     assert "appears here" not in page.inner_text("#generated-text")
+    page.close()
+
+
+def test_a_phone_shows_the_results_after_run(app_url, browser, tmp_path):
+    """At 390x844 the results sit below the settings: Run brings the status line into
+    view, and nothing on the page is wider than the screen (the run table scrolls
+    inside its own box)."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(app_url)
+    page.wait_for_selector("#prompt textarea")
+    assert page.input_value("#prompt textarea")  # the page opens with a prompt filled in
+    page.locator("#max-new-tokens input").fill("12")
+    page.click("#run-button")
+    wait_until(page, "document.querySelector('#status').innerText.includes('Done')",
+               timeout=240_000)
+    page.wait_for_timeout(800)
+    top = page.evaluate("document.querySelector('#status').getBoundingClientRect().top")
+    assert 0 <= top < 844 / 2, top  # scrolled to the results
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+    box = page.locator("#metrics .metrics-table")
+    assert box.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+    shot(page, tmp_path, "app-phone.png")
     page.close()

@@ -522,3 +522,37 @@ def test_speed_panel_reads_the_measured_curve():
     none = step_panels.SpeedFacts(None, None, False, "cpu", 1.0, 1.0, 0.9)
     text = step_panels.speed_reading(none)
     assert "not measured" in text and "1.00 tokens per step" in text and "**0.90×**" in text
+
+
+def test_a_lookup_variant_wears_its_base_methods_colour():
+    """"Clover + lookup" is a darker shade of Clover's colour (the same hue), so a legend
+    with lookup methods pairs each with its base method at a glance."""
+    import colorsys
+
+    from clover.methods import METHOD_COLORS
+
+    def hls(c):
+        return colorsys.rgb_to_hls(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+
+    for m, c in METHOD_COLORS.items():
+        if m.endswith("+lookup"):
+            (h, light, _), (hb, light_b, _) = hls(c), hls(METHOD_COLORS[m[:-len("+lookup")]])
+            assert min(abs(h - hb), 1 - abs(h - hb)) < 0.03 and light < light_b, m
+
+
+def test_the_text_race_marks_each_token_with_the_engine_time_of_its_step():
+    """One row per method that ran; each token carries the engine ms after the step that
+    committed it (what race_replay.js reveals it by), coloured by where it came from."""
+    import re
+
+    clover = [chain_step(0, 3, 2, ms=10.0), chain_step(1, 5, 1, ms=12.0)]
+    plain = [chain_step(i, i + 1, 0, drafted_depth=0, ms=8.0) for i in range(5)]
+    out = figures.text_race_html({"clover": clover, "ar": plain})
+    rows = re.findall(r"data-method='([^']+)'", out)
+    assert rows == ["ar", "clover"]  # in the methods' own order
+    clover_row = out.split("data-method='clover'")[1]
+    assert re.findall(r'data-ms="([\d.]+)"', clover_row) == ["10.0"] * 3 + ["22.0"] * 2
+    plain_row = out.split("data-method='ar'")[1].split("data-method=")[0]
+    assert re.findall(r'data-ms="([\d.]+)"', plain_row) == ["8.0", "16.0", "24.0", "32.0", "40.0"]
+    assert figures.DEPTH_BG[2] in clover_row and figures.TARGET_BG in plain_row
+    assert "race-row" not in figures.text_race_html({})

@@ -229,8 +229,8 @@ def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
             out = Engine(target, loaded.heads[kind], tree).generate([5, 6, 7], 8)
             assert all(len(s.nodes) == 1 + sizing.SHOW_BUDGET for s in out.steps[:-1])
         notice = loaded.notice()
-        assert "no tree pays on this machine (best expected" in notice
-        assert "drafts the smallest tree to show the method" in notice
+        assert "no tree pays on this machine for Clover and Medusa" in notice
+        assert "they draft the smallest tree to show the method" in notice
     finally:
         registry.forget_model("test-never-off")
 
@@ -376,7 +376,7 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     heads = {"medusa": new_heads("medusa", target), "clover": new_heads("clover", target)}
     loaded = registry.register_model("test-bg", target, heads=dict(heads), warm_up="background")
     assert loaded.sizing.calibrating.is_set() and not loaded.sizing.auto_trees
-    assert "being sized for this machine in the background" in loaded.notice()
+    assert "being sized for this machine (a run pressed meanwhile starts when it ends" in loaded.notice()
     default = loaded.sizing.tree_for("clover", app_settings.auto_tree())
     assert not default.auto and default.budget == app_settings.auto_tree().budget
     gates[0].set()

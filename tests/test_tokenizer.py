@@ -61,3 +61,22 @@ def test_embedded_tokenizer_matches_smollm2_rule(embedded):
             differ.append((s, got, want))
         assert tok.decode(got) == s
     assert not differ, differ
+
+
+def test_a_token_with_part_of_a_character_is_shown_as_its_bytes(embedded):
+    """Tree labels and verify tables decode each token alone: a token holding only some
+    of a character's UTF-8 bytes shows those bytes (``<0xF0><0x9F>``), never "�"; whole
+    tokens decode as before."""
+    from clover.models import token_texts
+
+    tok = embedded.tokenizer
+    ids = tok.encode("🦜 parrot", add_special_tokens=False)
+    texts = token_texts(tok, ids)
+    plain = tok.batch_decode([[i] for i in ids])
+    assert any("\ufffd" in t for t in plain)  # the emoji is split across tokens
+    assert not any("\ufffd" in t for t in texts)
+    partial = [t for t, p in zip(texts, plain) if "\ufffd" in p]
+    raw = b"".join(bytes(int(h, 16) for h in t[3:-1].split("><0x")) for t in partial)
+    assert raw == "🦜".encode()
+    assert [t for t, p in zip(texts, plain) if "\ufffd" not in p] == [
+        p for p in plain if "\ufffd" not in p]

@@ -84,7 +84,8 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     st = outputs[-1][-1]  # the RunState
     steps = st.runs["clover"]
     assert len(steps) >= 3
-    tree, text, metrics = on_browse(2, "clover", st)
+    tree, text, metrics, status = on_browse(2, "clover", st)
+    assert f"step 2 of {len(steps)}" in status  # the status names the step on display
     assert tree.layout.title.text.startswith(f"Step 2 of {len(steps)}")
     assert f"step 2 · {steps[1].total_tokens} tokens" in metrics
     assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])

@@ -9,7 +9,8 @@
 * :mod:`~clover.models.chat`: prompt encoding with chat templates, and prompt checks;
 * :mod:`~clover.models.textstream`: streaming detokenisation.
 """
-from clover.models.chat import chat_ids, check_text, encode_prompt, merge_same_role, user_turn_prefix
+from clover.models.chat import (chat_ids, check_text, encode_prompt, merge_same_role, token_texts,
+                                user_turn_prefix)
 from clover.models.embedded import (EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_gguf_path,
                                     embedded_model_dir, gguf_pre_tokenizer)
 from clover.models.fingerprint import target_fingerprint
@@ -20,5 +21,5 @@ from clover.models.textstream import TextStream
 __all__ = ["TargetModel", "TargetOutput", "load_target", "pick_device", "pick_dtype", "decoder_layers",
            "final_norm_name", "sliding_window", "cpu_kernels_wanted", "CPU_KERNELS_ENV",
            "EMBEDDED_NAME", "EMBEDDED_HUB_ID", "EMBEDDED_ALIASES", "embedded_gguf_path", "embedded_model_dir",
-           "gguf_pre_tokenizer", "target_fingerprint", "chat_ids", "check_text", "encode_prompt",
+           "gguf_pre_tokenizer", "target_fingerprint", "chat_ids", "check_text", "encode_prompt", "token_texts",
            "merge_same_role", "user_turn_prefix", "TextStream"]

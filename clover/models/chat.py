@@ -149,3 +149,31 @@ def encode_prompt(tokenizer, prompt, chat: bool = True) -> list[int]:
         return chat_ids(tokenizer, messages)
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
     return tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+
+
+def token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Each token of ``ids`` decoded on its own, for display (tree labels, verify
+    tables). A token that holds only part of a character's UTF-8 bytes decodes to "�";
+    it is shown as its bytes instead, in the notation SentencePiece uses for its byte
+    tokens (``<0xE2><0x80>``), so two such drafts stay tell-apart. Byte-level BPE
+    pieces (GPT-2 style, SmolLM2's) are mapped back to their bytes; other tokenizers'
+    byte tokens are shown as their vocabulary entry, else left as "�"."""
+    texts = tokenizer.batch_decode([[i] for i in ids])
+    if not any("\ufffd" in t for t in texts):
+        return texts
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    out = []
+    for i, text in zip(ids, texts):
+        piece = tokenizer.convert_ids_to_tokens(int(i)) if "\ufffd" in text else None
+        if isinstance(piece, str) and piece.startswith("<0x") and piece.endswith(">"):
+            text = piece  # SentencePiece's own byte token
+        elif isinstance(piece, str) and piece and all(c in to_byte for c in piece):
+            raw = bytes(to_byte[c] for c in piece)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "".join(f"<0x{b:02X}>" for b in raw)
+        out.append(text)
+    return out
