@@ -86,7 +86,9 @@ def threads_for_load(loaded: LoadedModel) -> int | None:
 
     if zerogpu.active() or loaded.target.device.type != "cpu":
         return None
-    return for_load()
+    import torch
+
+    return for_load(engine_thread.call(torch.get_num_threads))  # the engine thread's count
 
 
 @contextmanager

@@ -23,6 +23,9 @@ CSS = """
 #tree-plot, #race-plot { border-radius: 8px; }
 .gradio-container { max-width: 1400px !important; }
 #explainer { max-width: 940px; margin: 0 auto; }
+/* Gradio pulses the border of every output while a run streams: an endless animation
+   that a browser on the same small machine paints during every timed step */
+.generating { animation: none !important; }
 """
 
 
