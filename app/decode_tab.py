@@ -41,6 +41,18 @@ REPLAY_JS = (Path(__file__).parent / "race_replay.js").read_text()
 # after a run the race replays by itself (texts and figure) when there is one to replay
 AUTO_REPLAY_JS = ("() => { if (!document.querySelector('#text-race .race-row')) return []; "
                   f"return ({REPLAY_JS})(); }}")
+PLAY_JS = """() => {
+  if (window._cloverPlay) { clearInterval(window._cloverPlay); window._cloverPlay = null; return []; }
+  const at = () => document.querySelector('#step-slider input[type=number]');
+  window._cloverPlay = setInterval(() => {
+    const box = at();
+    if (!box || +box.value >= +box.max) {
+      clearInterval(window._cloverPlay); window._cloverPlay = null; return;
+    }
+    document.querySelector('#next-step').click();
+  }, 900);
+  return [];
+}"""
 SHOW_RESULTS_JS = ("() => { if (window.innerWidth < 800) document.querySelector('#status')"
                    "?.scrollIntoView({behavior: 'smooth', block: 'start'}); return []; }")
 
@@ -460,6 +472,26 @@ def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:
             step_panels.speed_figure(facts), step_panels.speed_reading(facts))
 
 
+def on_step(delta: int, step_number, method_value, st: RunState | None):
+    """Previous (``delta`` -1) or next (+1) step of ``method_value``'s trace, kept within
+    the trace: the slider's new value, then the step view of :func:`step_view`."""
+    if not st or not st.done or not st.runs.get(method_value):
+        return (gr.skip(),) * 5
+    steps = st.runs[method_value]
+    i = min(max(int(step_number or 1) + delta, 1), len(steps)) - 1
+    return (gr.update(value=i + 1),) + step_view(st, method_value, i)
+
+
+def on_previous(step_number, method_value, st: RunState | None):
+    """The Previous button: :func:`on_step` one back."""
+    return on_step(-1, step_number, method_value, st)
+
+
+def on_next(step_number, method_value, st: RunState | None):
+    """The Next button (and each tick of Play): :func:`on_step` one on."""
+    return on_step(1, step_number, method_value, st)
+
+
 def on_step_panels(step_number, method_value, st: RunState | None):
     """The step panels of the step the slider shows (after a run: the step the tree shows)."""
     if not st or not st.done or not st.runs.get(method_value):
@@ -563,6 +595,10 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                                         interactive=False, elem_id="step-slider",
                                         scale=3)
                 browse = gr.Radio([], label="Trace of", elem_id="browse", scale=2)
+            with gr.Row():
+                prev_btn = gr.Button("◀ Previous", size="sm", elem_id="previous-step")
+                play_btn = gr.Button("▶ Play the steps", size="sm", elem_id="play-steps")
+                next_btn = gr.Button("Next ▶", size="sm", elem_id="next-step")
             text = gr.HTML(figures.tokens_html([]), elem_id="text-panel")
             with gr.Accordion("The generated text, to copy", open=False):
                 plain_text = gr.Textbox(show_label=False, lines=4, interactive=False,
@@ -621,6 +657,14 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics, status],
                       api_visibility="private", concurrency_limit=None,
                       show_progress="hidden", trigger_mode="always_last")
+    for button, fn in ((prev_btn, on_previous), (next_btn, on_next)):
+        button.click(fn, [step_slider, browse, state],
+                     [step_slider, tree_plot, text, metrics, status], api_visibility="private",
+                     concurrency_limit=None, show_progress="hidden").then(
+            on_step_panels, [step_slider, browse, state], panel_outputs,
+            api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    # Play presses Next every PLAY_SECONDS until the last step (a second press pauses)
+    play_btn.click(None, js=PLAY_JS)
     browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics, status],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # the step panels follow the step view, as separate events so the tree never waits

@@ -237,6 +237,20 @@ def test_run_shows_tree_metrics_and_race(app_url, browser, tmp_path):
     wait_until(page, "document.querySelector('#metrics').innerText.includes('step 2 ·')",
                timeout=30_000)
     assert 2 <= page.locator("#generated-text span").count() < 16
+    page.click("#next-step")  # one step on
+    wait_until(page,
+        "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 3 of')",
+        timeout=30_000)
+    page.click("#play-steps")  # plays on to the last step, one step a tick
+    last = re.match(r"Step \d+ of (\d+)", page.locator("#tree-plot .gtitle").text_content()).group(1)
+    wait_until(page,
+        f"document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step {last} of')",
+        timeout=120_000)
+    box.fill("2")  # back to step 2 for the panels below
+    box.press("Enter")
+    wait_until(page,
+        "document.querySelector('#tree-plot .gtitle').textContent.startsWith('Step 2 of')",
+        timeout=30_000)
 
     # the step's own panels: folded by default, each opened here
     for name in ("verify", "mask", "kv", "regressive", "speed"):

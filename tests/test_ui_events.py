@@ -89,6 +89,13 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     assert tree.layout.title.text.startswith(f"Step 2 of {len(steps)}")
     assert f"step 2 · {steps[1].total_tokens} tokens" in metrics
     assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])
+    # Previous and Next move one step within the trace, and say which step is shown
+    from app.decode_tab import on_next, on_previous
+
+    slider, tree, text, metrics, status = on_next(2, "clover", st)
+    assert slider["value"] == 3 and f"step 3 of {len(steps)}" in status
+    assert on_previous(1, "clover", st)[0]["value"] == 1  # never before the first
+    assert on_next(len(steps), "clover", st)[0]["value"] == len(steps)  # nor past the last
     last = on_browse(len(steps), "clover", st)
     assert f"step {len(steps)} · 12 tokens" in last[2]
 
