@@ -425,9 +425,13 @@ def on_browse(step_number, method_value, st: RunState | None):
     """The step view of step ``step_number`` (1-based) of ``method_value``'s trace."""
     if not st or not st.done or not st.runs.get(method_value):
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    steps = st.runs[method_value]
-    i = min(max(int(step_number or 1), 1), len(steps)) - 1
-    return step_view(st, method_value, i)
+    return step_view(st, method_value, _step_index(step_number, st.runs[method_value]))
+
+
+def _step_index(step_number, steps: list, delta: int = 0) -> int:
+    """The 0-based index of step ``step_number`` (1-based, as the slider shows it; empty
+    means 1) moved by ``delta``, kept within ``steps``."""
+    return min(max(int(step_number or 1) + delta, 1), len(steps)) - 1
 
 
 PANEL_TITLES = {  # the step view's folded panels, in order
@@ -477,8 +481,7 @@ def on_step(delta: int, step_number, method_value, st: RunState | None):
     the trace: the slider's new value, then the step view of :func:`step_view`."""
     if not st or not st.done or not st.runs.get(method_value):
         return (gr.skip(),) * 5
-    steps = st.runs[method_value]
-    i = min(max(int(step_number or 1) + delta, 1), len(steps)) - 1
+    i = _step_index(step_number, st.runs[method_value], delta)
     return (gr.update(value=i + 1),) + step_view(st, method_value, i)
 
 
@@ -496,9 +499,7 @@ def on_step_panels(step_number, method_value, st: RunState | None):
     """The step panels of the step the slider shows (after a run: the step the tree shows)."""
     if not st or not st.done or not st.runs.get(method_value):
         return (gr.skip(),) * len(PANEL_TITLES) + (gr.skip(),)
-    steps = st.runs[method_value]
-    i = min(max(int(step_number or 1), 1), len(steps)) - 1
-    return step_panels_view(st, method_value, i)
+    return step_panels_view(st, method_value, _step_index(step_number, st.runs[method_value]))
 
 
 def on_pick_trace_panels(method_value, st: RunState | None):
@@ -663,7 +664,7 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                      concurrency_limit=None, show_progress="hidden").then(
             on_step_panels, [step_slider, browse, state], panel_outputs,
             api_visibility="private", concurrency_limit=None, show_progress="hidden")
-    # Play presses Next every PLAY_SECONDS until the last step (a second press pauses)
+    # Play presses Next every 0.9 s until the last step (a second press pauses)
     play_btn.click(None, js=PLAY_JS)
     browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics, status],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")

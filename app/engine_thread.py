@@ -15,8 +15,8 @@ thread, 55-84 ms once another thread had decoded too, on either thread; with
 benchmark's cost.
 
 Functions here run their argument on that thread and wait for it (a call from the
-engine thread itself runs at once, so nested calls never deadlock). The thread is
-created on first use and lives as long as the process.
+engine thread itself runs at once, so nested calls never deadlock). The thread starts
+when this module is imported and lives as long as the process.
 """
 from __future__ import annotations
 
@@ -28,20 +28,12 @@ from typing import Callable, Iterator, TypeVar
 T = TypeVar("T")
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clover-engine")
-_IDENT: list[int] = []  # the engine thread's ident, once it started
-
-
-def _mark() -> None:
-    if not _IDENT:
-        _IDENT.append(threading.get_ident())
-
-
-_EXECUTOR.submit(_mark).result()
+_IDENT = _EXECUTOR.submit(threading.get_ident).result()  # the engine thread's ident
 
 
 def on_engine_thread() -> bool:
     """Whether the calling thread is the engine thread."""
-    return threading.get_ident() == _IDENT[0]
+    return threading.get_ident() == _IDENT
 
 
 def call(fn: Callable[..., T], *args, **kwargs) -> T:

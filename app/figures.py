@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.metrics import (ACCEPTED, BONUS, CUT, REJECTED, ROOT, RunStats,
+from app.metrics import (ACCEPTED, BONUS, CUT, MIN_RATIO_STEPS, REJECTED, ROOT, RunStats,
                          acceptance_by_depth, accepted_length_counts, node_statuses, timeline,
                          tokens_at, token_origins)
 from clover.methods import ALL_METHODS, METHOD_COLORS, METHOD_LABELS
@@ -471,6 +471,16 @@ def tokens_legend() -> str:
             'margin-bottom:6px">' + "".join(parts) + "</div>")
 
 
+def token_colours(depth: int) -> tuple[str, str]:
+    """(background, text colour) of a generated token drafted at ``depth`` (0: produced
+    by the target itself): blue for the target, green darker with depth (4 and deeper
+    alike, white text)."""
+    if depth == 0:
+        return TARGET_BG, "#111"
+    d = min(depth, 4)
+    return DEPTH_BG[d], "#fff" if d == 4 else "#111"
+
+
 def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|>",)) -> str:
     """The generated text, each token marked by how it came: an accepted draft (green,
     darker = drafted deeper) or produced by the target itself (blue, dotted underline).
@@ -479,12 +489,12 @@ def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|
     for tok in token_origins(steps):
         if not tok.text:  # the first bytes of a character another token completes
             continue
+        bg, fg = token_colours(tok.depth)
         if tok.depth == 0:
-            style = f"background:{TARGET_BG};border-bottom:2px dotted {TARGET_LINE};color:#111"
+            style = f"background:{bg};border-bottom:2px dotted {TARGET_LINE};color:{fg}"
             tip = f"step {tok.step + 1}: produced by the target"
         else:
-            d = min(tok.depth, 4)
-            style = f"background:{DEPTH_BG[d]};color:{'#fff' if d == 4 else '#111'}"
+            style = f"background:{bg};color:{fg}"
             tip = f"step {tok.step + 1}: accepted draft, depth {tok.depth}"
         text = html.escape(tok.text, quote=False)
         if tok.text in special:
@@ -531,7 +541,7 @@ class SpeedCard:
     value: float | None
     state: str
     reference: float | None = None
-    min_steps: int = 8
+    min_steps: int = MIN_RATIO_STEPS
 
 
 def _speed_card(label: str, card: SpeedCard) -> str:
@@ -631,8 +641,7 @@ def text_race_html(runs: Mapping[str, Sequence[StepTrace]]) -> str:
         for tok in token_origins(steps):
             if not tok.text:
                 continue
-            bg = TARGET_BG if tok.depth == 0 else DEPTH_BG[min(tok.depth, 4)]
-            fg = "#fff" if tok.depth >= 4 else "#111"
+            bg, fg = token_colours(tok.depth)
             text = html.escape(tok.text, quote=False).replace("\n", "↵ ")
             spans.append(f'<span data-ms="{ends[tok.step]:.1f}" style="background:{bg};'
                          f'color:{fg};border-radius:3px">{text}</span>')
