@@ -18,11 +18,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from app import figures, runner, step_panels
+from app import figures, runner, same_point, sample_run, step_panels
 from app.metrics import (MIN_RATIO_STEPS, best_step, engine_ms, reference_speedups, run_stats,
                          speedup, token_origins)
 from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
-from app.settings import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, parse_settings
+from app.settings import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, auto_tree, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
 from clover.autotree import BUSY_SPREAD
@@ -53,14 +53,27 @@ PLAY_JS = """() => {
   }, 900);
   return [];
 }"""
-SHOW_RESULTS_JS = ("() => { if (window.innerWidth < 800) document.querySelector('#status')"
-                   "?.scrollIntoView({behavior: 'smooth', block: 'start'}); return []; }")
+# Play's timer stopped: Run, the slider, Previous and a token click pause Play
+STOP_PLAY = ("if (window._cloverPlay) { clearInterval(window._cloverPlay); "
+             "window._cloverPlay = null; }")
+# Run stops a playing Play (it would step through the new run), and on a narrow screen
+# brings the results, which sit below the settings, into view
+SHOW_RESULTS_JS = (f"() => {{ {STOP_PLAY} if (window.innerWidth < 800) "
+                   "document.querySelector('#status')?.scrollIntoView({behavior: 'smooth', "
+                   "block: 'start'}); return []; }")
+# a click on a generated token asks for the step that wrote it (a "select" event whose
+# index is the token's data-step); the listener sits on the panel, so it outlives redraws
+TOKEN_CLICK_JS = ("element.addEventListener('click', (e) => { const t = e.target.closest("
+                  f"'[data-step]'); if (t) {{ {STOP_PLAY} trigger('select', {{index: "
+                  "+t.dataset.step, value: t.dataset.step}); } });")
+# for the slider and Previous (Next is what Play presses)
+STOP_PLAY_JS = f"(...args) => {{ {STOP_PLAY} return args; }}"
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
-               "Speedups compare the methods at the same number of tokens; the methods ran "
-               "in lockstep on this machine (one step of each in turn, never two at the "
-               "same time), so a change in the machine's load touches them all alike, and "
-               "the page is drawn only between rounds, outside every timed step.")
+               "The methods ran in lockstep on this machine (one step of each in turn, never "
+               "two at the same time), and speedups compare their tokens per second over the "
+               "rounds both ran, so a change in the machine's load touches both alike; the "
+               "page is drawn only between rounds, outside every timed step.")
 
 
 @dataclass
@@ -79,6 +92,10 @@ class RunState:
         tree: the run's tree setting (for the speed panel: its budget, or "auto").
         threads: (torch threads used, threads before) when other processes' load made
             the run use fewer (:func:`app.runner.load_threads`), else None.
+        recorded: for the recorded run a fresh page plays (:mod:`app.sample_run`), when
+            and where it was recorded; None for a run made here.
+        lockstep: the methods stepped in lockstep (:func:`app.runner.in_lockstep`), so
+            speedups compare the rounds both runs took.
     """
 
     method: str
@@ -92,6 +109,8 @@ class RunState:
     model_key: str | None = None
     tree: TreeConfig | None = None
     threads: tuple[int, int] | None = None
+    recorded: str | None = None
+    lockstep: bool = True
 
 
 @dataclass
@@ -126,10 +145,13 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
     method = method or state.method
     live = state.runs.get(method, [])[:upto]
     table = []
+    plain = state.runs.get("ar")
     for m in ALL_METHODS:
         if state.runs.get(m):
             done = "done" if m in state.results else "stopped" if state.done else "running"
-            table.append((m, run_stats(state.runs[m]), done))
+            ratio = (speedup(state.runs[m], plain, state.lockstep) if m != "ar" and plain
+                     and min(len(state.runs[m]), len(plain)) >= MIN_RATIO_STEPS else None)
+            table.append((m, run_stats(state.runs[m]), done, ratio))
     busy = busy_note(state)
     warning = busy
     if state.threads:
@@ -138,25 +160,32 @@ def _metrics(state: RunState, note: str = TIMING_NOTE, method: str | None = None
                    f"{state.threads[1]} (faster on a shared machine). " + busy).strip()
     ref_plain, ref_medusa = reference_speedups(method)
     medusa = "medusa+lookup" if "medusa+lookup" in state.runs else "medusa"
-    vs_plain = speed_card(live, state.runs.get("ar"), method == "ar", ref_plain, bool(busy))
-    vs_medusa = speed_card(live, state.runs.get(medusa), method == medusa, ref_medusa, bool(busy))
+    measured = "recorded" if state.recorded else "busy" if busy else "quiet"
+    vs_plain = speed_card(live, state.runs.get("ar"), method == "ar", ref_plain, measured,
+                          state.lockstep)
+    vs_medusa = speed_card(live, state.runs.get(medusa), method == medusa, ref_medusa, measured,
+                           state.lockstep)
     return figures.metrics_html(method, run_stats(live), vs_plain, vs_medusa, table, note,
                                 warning)
 
 
 def speed_card(steps: list, baseline: list | None, is_baseline: bool,
-               reference: float | None, busy: bool) -> figures.SpeedCard:
+               reference: float | None, measured: str = "quiet",
+               lockstep: bool = True) -> figures.SpeedCard:
     """The speedup card of ``steps`` over ``baseline``'s run (None: it did not run): no
     ratio for the baseline itself, nor before both runs have
     :data:`app.metrics.MIN_RATIO_STEPS` steps (one step says nothing of a run's speed);
-    marked busy when the machine was."""
+    else the ratio in state ``measured``: "quiet", "busy" (the machine was) or
+    "recorded" (the recorded run, timed on another machine). ``lockstep``: the runs
+    stepped in lockstep, so they are compared over the rounds both took
+    (:func:`clover.trace.speedup`)."""
     if is_baseline:
         return figures.SpeedCard(None, "self")
     if not baseline:
         return figures.SpeedCard(None, "none", reference)
     if min(len(steps), len(baseline)) < MIN_RATIO_STEPS:
         return figures.SpeedCard(None, "few", reference, MIN_RATIO_STEPS)
-    return figures.SpeedCard(speedup(steps, baseline), "busy" if busy else "quiet", reference)
+    return figures.SpeedCard(speedup(steps, baseline, lockstep), measured, reference)
 
 
 def busy_note(state: RunState) -> str:
@@ -165,7 +194,7 @@ def busy_note(state: RunState) -> str:
     calibration measured (:meth:`app.sizing.TreeSizing.plain_step_ms`); "" otherwise,
     or where either is unknown."""
     plain = state.runs.get("ar") or []
-    if len(plain) < 3 or state.model_key is None:
+    if len(plain) < 3 or state.model_key is None or state.recorded:
         return ""
     try:
         quiet = loaded_model(state.model_key).sizing.plain_step_ms()
@@ -191,7 +220,8 @@ def _summary(state: RunState, stopped: bool = False) -> str:
     if not live:
         return "**■ Stopped** before the watched run started." if stopped else ""
     s = run_stats(live)
-    head = "**■ Stopped.**" if stopped else "**✓ Done.**"
+    head = ("**■ Stopped.**" if stopped else f"**▶ A recorded run** ({state.recorded}); "
+            f"press **Run** to decode live on this machine." if state.recorded else "**✓ Done.**")
     text = (f"{head} {name} wrote {s.tokens} tokens in {s.steps} steps "
             f"({s.tokens_per_step:.2f} tokens/step, {s.tokens_per_second:.1f} tokens/s).")
     finished = {m: r for m, r in state.results.items()}
@@ -265,7 +295,8 @@ def _finish(st: RunState, stopped: bool = False) -> tuple:
     return _out(status=summary, slider=slider, browse=choices, tree=tree_fig,
                 accept=accept, hist=hist, race=race, metrics=_metrics(st), plain=plain,
                 textrace=figures.text_race_html(st.runs), banner=banner,
-                text=figures.tokens_html(live), state=st)
+                text=figures.tokens_html(live, current=best_step(live) if live else None),
+                state=st)
 
 
 class RunHandler:
@@ -293,7 +324,8 @@ class RunHandler:
             yield _fail(str(e))
             return
         st = RunState(settings.method, greedy=settings.sampling.temperature == 0,
-                      seed=settings.sampling.seed, temperature=settings.sampling.temperature)
+                      seed=settings.sampling.seed, temperature=settings.sampling.temperature,
+                      lockstep=runner.in_lockstep())
         if settings.model or settings.heads:
             yield _out(status="Loading the model and heads…", state=st)
         try:
@@ -389,6 +421,38 @@ def _live_outputs(st: RunState, order: list[str], max_new: int) -> tuple:
     return _out(status=status, metrics=_metrics(st), state=st, **extra)
 
 
+def sample_state(sample: sample_run.SampleRun, model_key: str) -> RunState:
+    """The recorded run as a finished run of this page (its speeds marked recorded)."""
+    st = RunState(sample.method, runs=dict(sample.runs), results=dict(sample.results),
+                  greedy=True, done=True, model_key=model_key,
+                  tree=auto_tree(), recorded=sample.where())
+    return st
+
+
+def on_open(sample: sample_run.SampleRun | None, model_key: str) -> tuple:
+    """A fresh page: the recorded run (:mod:`app.sample_run`) at its first step, ready
+    to play; the page as built where there is none."""
+    if sample is None:
+        return _out()
+    st = sample_state(sample, model_key)
+    outputs = dict(zip(RUN_OUTPUTS, _finish(st)))
+    steps = st.runs[st.method]
+    tree, text, metrics, status = step_view(st, st.method, 0)
+    outputs.update(tree=tree, text=text, metrics=metrics, status=status, banner=gr.skip(),
+                   slider=gr.update(minimum=1, maximum=max(len(steps), 2), value=1,
+                                    interactive=len(steps) > 1))
+    return tuple(outputs[n] for n in RUN_OUTPUTS)
+
+
+def on_token(method_value, st: RunState | None, evt: gr.SelectData):
+    """A click on a generated token: the step that wrote it (``evt.index``, 1-based), as
+    :func:`on_step` shows a step."""
+    if not st or not st.done or not st.runs.get(method_value):
+        return (gr.skip(),) * 5
+    i = _step_index(evt.index, st.runs[method_value])
+    return (gr.update(value=i + 1),) + step_view(st, method_value, i)
+
+
 def on_press(visitor: Visitor):
     """Count a Run press at once (before the run waits in the queue)."""
     visitor.pressed += 1
@@ -461,19 +525,51 @@ def speed_facts(st: RunState, method_value: str, steps: list) -> step_panels.Spe
         budget=budget, auto=auto, device=loaded.target.device.type if loaded else "cpu",
         tokens_per_step=run_stats(steps).tokens_per_step,
         verified_per_step=sum(len(s.nodes) for s in steps) / len(steps),
-        measured=speedup(steps, st.runs.get("ar", [])) if method_value != "ar" else None,
+        measured=(speedup(steps, st.runs.get("ar", []), st.lockstep)
+                  if method_value != "ar" else None),
         draft_ms=run_stats(steps).draft_ms)
 
 
 def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:
-    """The folded panels of step ``i``: verify table, attention mask, KV-cache update,
-    regressive inputs, cost curve and its reading; all from the step's own trace."""
+    """The panels of step ``i``: verify table, attention mask, KV-cache update,
+    regressive inputs, cost curve and its reading, all from the step's own trace; then
+    Clover's and Medusa's trees from the same text and what differs
+    (:func:`same_point_view`)."""
     steps = st.runs[method_value]
     step = steps[i]
     facts = speed_facts(st, method_value, steps[: i + 1])
     return (step_panels.verify_figure(step, st.greedy), step_panels.mask_figure(step),
             step_panels.kv_figure(step), step_panels.regressive_figure(step, method_value),
-            step_panels.speed_figure(facts), step_panels.speed_reading(facts))
+            step_panels.speed_figure(facts), step_panels.speed_reading(facts),
+            *same_point_view(st, method_value, i))
+
+
+SAME_POINT_CAPTION = (
+    "Both methods' trees from the same committed text. Medusa's heads all guess from one "
+    "hidden state; Clover's heads also read the token drafted just before theirs (the "
+    "Regressive Connection), so its deeper drafts follow its own earlier ones.")
+
+
+def same_point_view(st: RunState, method_value: str, i: int) -> tuple:
+    """Clover's and Medusa's trees from the same text as step ``i`` of ``method_value``'s
+    trace (:func:`app.same_point.same_point`) and the sentence on what differs; notes
+    where the run has no pair to show."""
+    point = same_point.same_point(st.runs, method_value, i)
+    if point is None:
+        note = figures.empty_figure("Turn on Compare (or run Clover and Medusa) to see both "
+                                    "trees from the same text", height=140)
+        return note, note, ""
+    figs = []
+    for m, k in ((point.clover, point.clover_step), (point.medusa, point.medusa_step)):
+        steps = st.runs[m]
+        fig = figures.tree_figure(steps[k], len(steps))
+        step = steps[k]
+        # a title short enough for half a desktop row and a phone alike
+        fig.update_layout(title_text=f"<b>{METHOD_LABELS[m]}</b>, step {k + 1}: "
+                                     f"{len(step.accepted) - 1} of {len(step.nodes) - 1} "
+                                     f"drafts accepted")
+        figs.append(fig)
+    return figs[0], figs[1], same_point.describe(point, st.runs)
 
 
 def on_step(delta: int, step_number, method_value, st: RunState | None):
@@ -498,7 +594,7 @@ def on_next(step_number, method_value, st: RunState | None):
 def on_step_panels(step_number, method_value, st: RunState | None):
     """The step panels of the step the slider shows (after a run: the step the tree shows)."""
     if not st or not st.done or not st.runs.get(method_value):
-        return (gr.skip(),) * len(PANEL_TITLES) + (gr.skip(),)
+        return (gr.skip(),) * (len(PANEL_TITLES) + 4)
     return step_panels_view(st, method_value, _step_index(step_number, st.runs[method_value]))
 
 
@@ -516,15 +612,32 @@ def on_pick_trace(method_value, st: RunState | None):
                       interactive=len(steps) > 1),) + step_view(st, method_value, len(steps) - 1)
 
 
-def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
+def page_sample(loaded: LoadedModel, examples: list[dict]) -> sample_run.SampleRun | None:
+    """The recorded run a fresh page plays: the shipped one where it was recorded with
+    this model and heads on the first example's prompt, else None (a damaged file is
+    logged and skipped: the page works without it)."""
+    try:
+        sample = sample_run.load()
+    except ValueError:
+        log.warning("the recorded run is not shown", exc_info=True)
+        return None
+    if (sample is None or not examples or sample.prompt != examples[0]["prompt"]
+            or sample.method not in sample.runs or not sample.fits(loaded)):
+        return None
+    return sample
+
+
+def build(demo: gr.Blocks, loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     """Lay out the Decode tab inside the current ``gr.Tab`` and wire its events.
 
     Args:
+        demo: the page (a fresh page opens on the recorded run, :func:`on_open`).
         loaded: the app's default model (its methods and name fill the settings).
         model_key: its registry key (:func:`app.registry.register_model`).
         banner: the page's model notice, updated when a run loads another model.
     """
     examples = load_examples()
+    sample = page_sample(loaded, examples)
     state = gr.State(None, time_to_live=3600)  # a visitor's traces, freed after an hour
     visitor = gr.State(Visitor())  # a copy per browser session
     with gr.Row(equal_height=False):
@@ -585,8 +698,9 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
         with gr.Column(scale=7, min_width=480):
             status = gr.Markdown("Press **Run** to decode the prompt, or pick another example first.",
                                  elem_id="status")
+            before = figures.SpeedCard(None, "before")
             metrics = gr.HTML(figures.metrics_html(
-                "clover", run_stats([]), None, None, (), TIMING_NOTE),
+                "clover", run_stats([]), before, before, (), TIMING_NOTE),
                 elem_id="metrics-panel")
             tree_plot = gr.Plot(figures.empty_figure(
                 "The candidate tree of each step appears here"),
@@ -600,10 +714,22 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                 prev_btn = gr.Button("◀ Previous", size="sm", elem_id="previous-step")
                 play_btn = gr.Button("▶ Play the steps", size="sm", elem_id="play-steps")
                 next_btn = gr.Button("Next ▶", size="sm", elem_id="next-step")
-            text = gr.HTML(figures.tokens_html([]), elem_id="text-panel")
+            text = gr.HTML(figures.tokens_html([]), elem_id="text-panel",
+                           js_on_load=TOKEN_CLICK_JS)
             with gr.Accordion("The generated text, to copy", open=False):
                 plain_text = gr.Textbox(show_label=False, lines=4, interactive=False,
                                         buttons=["copy"], elem_id="plain-text")
+            with gr.Accordion("Clover and Medusa from the same text", open=True,
+                              elem_id="panel-same-point"):
+                gr.Markdown(SAME_POINT_CAPTION, elem_classes="panel-caption")
+                with gr.Row(equal_height=False):
+                    waiting = figures.empty_figure("After a run: both methods' trees from "
+                                                   "the same text", height=140)
+                    same_clover = gr.Plot(waiting, show_label=False, min_width=300,
+                                          elem_id="same-point-clover")
+                    same_medusa = gr.Plot(waiting, show_label=False, min_width=300,
+                                          elem_id="same-point-medusa")
+                same_text = gr.Markdown("", elem_id="same-point-text")
             panels = {}
             for name, title in PANEL_TITLES.items():
                 with gr.Accordion(title, open=False, elem_id=f"panel-{name}"):
@@ -631,7 +757,8 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
     run_inputs = [prompt, method, temperature, max_new, tree, compare, model_box, heads_box, seed,
                   lookup]
     on_run = RunHandler(model_key).on_run
-    panel_outputs = [*panels.values(), speed_text]  # the step view's folded panels
+    # the step view's folded panels, then both trees from the same text
+    panel_outputs = [*panels.values(), speed_text, same_clover, same_medusa, same_text]
     # a press is counted at once, then the run waits its turn in the queue. Every press
     # and its run are accepted (trigger_mode "multiple" on each link of the chain): with
     # Gradio's default ("once") the run of a press made while another run is pending is
@@ -657,15 +784,34 @@ def build(loaded: LoadedModel, model_key: str, banner: gr.Markdown) -> None:
                    concurrency_limit=None, show_progress="hidden")
     step_slider.input(on_browse, [step_slider, browse, state], [tree_plot, text, metrics, status],
                       api_visibility="private", concurrency_limit=None,
-                      show_progress="hidden", trigger_mode="always_last")
+                      show_progress="hidden", trigger_mode="always_last", js=STOP_PLAY_JS)
     for button, fn in ((prev_btn, on_previous), (next_btn, on_next)):
         button.click(fn, [step_slider, browse, state],
                      [step_slider, tree_plot, text, metrics, status], api_visibility="private",
-                     concurrency_limit=None, show_progress="hidden").then(
+                     concurrency_limit=None, show_progress="hidden",
+                     js=STOP_PLAY_JS if button is prev_btn else None).then(
             on_step_panels, [step_slider, browse, state], panel_outputs,
             api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # Play presses Next every 0.9 s until the last step (a second press pauses)
     play_btn.click(None, js=PLAY_JS)
+    # a click on a token of the text brings the step that wrote it
+    text.select(on_token, [browse, state], [step_slider, tree_plot, text, metrics, status],
+                api_visibility="private", concurrency_limit=None, show_progress="hidden").then(
+        on_step_panels, [step_slider, browse, state], panel_outputs,
+        api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    # a fresh page opens on the recorded run, its tree playing step by step and its
+    # texts racing, before any press
+    if sample is not None:
+        def open_page():
+            return on_open(sample, model_key)
+
+        demo.load(open_page, None, run_outputs,
+                  api_visibility="private", concurrency_limit=None,
+                  show_progress="hidden").then(
+            on_step_panels, [step_slider, browse, state], panel_outputs,
+            api_visibility="private", concurrency_limit=None, show_progress="hidden").then(
+            None, js=PLAY_JS, api_visibility="private").then(
+            None, js=AUTO_REPLAY_JS, api_visibility="private")
     browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics, status],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # the step panels follow the step view, as separate events so the tree never waits

@@ -7,6 +7,7 @@ tokens the target produced itself.
 from __future__ import annotations
 
 import html
+import textwrap
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -53,6 +54,35 @@ DEPTH_BG = {1: "#CCEDE3", 2: "#8FD6C0", 3: "#45B894", 4: "#00795A"}
 TARGET_BG = "#DDEAF6"
 TARGET_LINE = "#0072B2"
 FONT = "Inter, system-ui, -apple-system, Segoe UI, sans-serif"
+
+
+# ---------------------------------------------------------------- layout for every width
+# Plotly cannot ask for the screen's width, so every figure takes a layout that works on a
+# phone (390 px) and a desktop alike: a short title on the left at the top, the legend at
+# the bottom (its items wrap onto more rows on a narrow screen), subplots stacked.
+
+
+def title_layout(text: str, size: int = 15, gap: int = 10) -> dict:
+    """A figure's title: on the left, ``gap`` px above the plot area, which Plotly moves
+    down to make room for it, however many lines it has (give the figure a small top
+    margin: a multi-line title that does not push the margin runs into the plot)."""
+    return dict(text=text, x=0.01, xanchor="left", yref="paper", y=1, yanchor="bottom",
+                pad=dict(b=gap), automargin=True, font=dict(size=size))
+
+
+def legend_below(**style) -> dict:
+    """A horizontal legend at the bottom of the figure, under the axis titles. Plotly
+    reserves room for it there however many rows its items wrap onto, shrinking the plot
+    area rather than printing over it, the title or a subplot."""
+    return dict(orientation="h", xref="container", x=0, xanchor="left", yref="container",
+                y=0, yanchor="bottom", **style)
+
+
+def wrap_title(text: str, width: int = 40) -> str:
+    """``text`` broken into lines of at most ``width`` characters (Plotly never wraps a
+    title: a long one runs off a phone's screen). Each line but the last keeps its
+    trailing space, so the title's text on the page still reads as one line."""
+    return " <br>".join(textwrap.wrap(text, width))
 
 
 # ---------------------------------------------------------------- token text
@@ -239,13 +269,11 @@ def tree_figure(step: StepTrace, total_steps: int | None = None) -> go.Figure:
     rows = max(p.y for p in placed) + 1
     depth = max(p.x for p in placed)
     fig.update_layout(
-        title=dict(text=step_title(step, total_steps), x=0.01, xanchor="left",
-                   font=dict(size=15)),
-        height=int(min(760, 150 + 52 * max(rows, 3))),
-        margin=dict(l=20, r=20, t=84, b=40),
+        title=title_layout(wrap_title(step_title(step, total_steps))),
+        height=int(min(860, 250 + 52 * max(rows, 3))),
+        margin=dict(l=20, r=20, t=20, b=40),
         plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom",
-                    font=dict(size=12), itemsizing="constant"),
+        legend=legend_below(font=dict(size=12), itemsizing="constant"),
         hoverlabel=dict(bgcolor="white", font=dict(size=13, family=FONT)),
         xaxis=dict(range=[-0.45, depth + 0.55], tickvals=list(range(int(depth) + 1)),
                    ticktext=["root"] + [f"+{d}" for d in range(1, int(depth) + 1)],
@@ -276,11 +304,11 @@ def tree_animation(steps: Sequence[StepTrace], max_frames: int = 60) -> go.Figur
     rows = max(max(p.y for p in pl) for pl in placed) + 1
     depth = max(max(p.x for p in pl) for pl in placed)
     fig.update_layout(
-        height=int(min(760, 210 + 52 * max(rows, 3))), margin=dict(l=20, r=20, t=84, b=110),
+        height=int(min(860, 310 + 52 * max(rows, 3))), margin=dict(l=20, r=20, t=20, b=110),
         xaxis=dict(range=[-0.45, depth + 0.55], tickvals=list(range(int(depth) + 1)),
                    ticktext=["root"] + [f"+{d}" for d in range(1, int(depth) + 1)]),
         yaxis=dict(range=[rows - 0.4, -0.9]),
-        updatemenus=[dict(type="buttons", direction="left", x=0, xanchor="left", y=-0.12,
+        updatemenus=[dict(type="buttons", direction="left", x=0, xanchor="left", y=-0.24,
                           yanchor="top", showactive=False, buttons=[
                               dict(label="Play", method="animate",
                                    args=[None, dict(frame=dict(duration=900, redraw=True),
@@ -288,7 +316,8 @@ def tree_animation(steps: Sequence[StepTrace], max_frames: int = 60) -> go.Figur
                               dict(label="Pause", method="animate",
                                    args=[[None], dict(frame=dict(duration=0, redraw=False),
                                                       mode="immediate")])])],
-        sliders=[dict(x=0.12, len=0.88, y=-0.1, yanchor="top", currentvalue=dict(prefix="step "),
+        sliders=[dict(x=0, len=1, y=-0.24, yanchor="top", pad=dict(t=40),  # under the buttons
+                      currentvalue=dict(prefix="step "),
                       steps=[dict(label=str(s.step + 1), method="animate",
                                   args=[[str(s.step)], dict(mode="immediate",
                                                             frame=dict(duration=0, redraw=True))])
@@ -335,10 +364,10 @@ def acceptance_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure:
                           + "</extra>",
         ))
     fig.update_layout(
-        title=dict(text="Acceptance rate per draft depth", x=0.01, xanchor="left"),
-        barmode="group", height=340, margin=dict(l=50, r=20, t=70, b=40),
+        title=title_layout("Acceptance rate per draft depth"),
+        barmode="group", height=420, margin=dict(l=50, r=20, t=20, b=40),
         plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+        legend=legend_below(),
         yaxis=dict(title="steps that reached it (%)", range=[0, 119], gridcolor="#EEEEEE"),
     )
     return fig
@@ -366,10 +395,10 @@ def accepted_length_figure(runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure
                           + METHOD_LABELS.get(method, method) + "</extra>",
         ))
     fig.update_layout(
-        title=dict(text="Tokens per step (accepted drafts + bonus)", x=0.01, xanchor="left"),
-        barmode="group", height=340, margin=dict(l=50, r=20, t=70, b=40),
+        title=title_layout("Tokens per step (accepted + bonus)"),
+        barmode="group", height=420, margin=dict(l=50, r=20, t=20, b=40),
         plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+        legend=legend_below(),
         xaxis=dict(title="tokens committed in one step", tickvals=lengths, dtick=1),
         yaxis=dict(title="share of steps (%)", range=[0, 119], gridcolor="#EEEEEE"),
     )
@@ -387,8 +416,8 @@ def race_end_ms(runs: Mapping[str, Sequence[StepTrace]]) -> float:
 
 def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = None) -> go.Figure:
     """Plain, Medusa and Clover side by side at engine time ``t_ms`` (default: the end),
-    replayed from the per-step timings the runs recorded: tokens so far as bars (left),
-    tokens over time as curves (right).
+    replayed from the per-step timings the runs recorded: tokens so far as bars (above),
+    tokens over time as curves (below).
 
     The figure carries its timelines in ``layout.meta["race"]`` (engine ms and tokens
     after each step, per method, with the indices of its three traces) so that the page
@@ -400,7 +429,9 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
     end = race_end_ms(runs)
     t = end if t_ms is None else max(0.0, min(t_ms, end))
     top = max(s[-1].total_tokens for s in runs.values())
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], horizontal_spacing=0.12,
+    # the two parts stacked (side by side they crush each other on a phone); the gap
+    # holds the bars' axis title and the curves' subplot title
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.24,
                         subplot_titles=("tokens so far", "tokens over engine time"))
     names = [METHOD_LABELS[m] for m in runs]
     replay = []  # the timelines the browser replays from
@@ -415,7 +446,7 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
         fig.add_trace(go.Bar(
             y=[name], x=[n], orientation="h", name=name, showlegend=False,
             marker=dict(color=style["color"], pattern=dict(shape=style["pattern"])),
-            text=[label],
+            text=[label], textfont=dict(size=12),
             textposition="outside", cliponaxis=False,
             hovertemplate=f"{name}: %{{x}} tokens<extra></extra>"), row=1, col=1)
         line = timeline(steps)
@@ -427,28 +458,29 @@ def race_figure(runs: Mapping[str, Sequence[StepTrace]], t_ms: float | None = No
             x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=name,
             line=dict(color=style["color"], dash=style["dash"], width=3, shape="hv"),
             hovertemplate=f"{name}: %{{y}} tokens after %{{x:.2f}} s<extra></extra>"),
-            row=1, col=2)
+            row=2, col=1)
         fig.add_trace(go.Scatter(
             x=[pts[-1][0]], y=[pts[-1][1]], mode="markers", showlegend=False,
             marker=dict(color=style["color"], symbol=style["symbol"], size=13,
-                        line=dict(width=1, color="white")), hoverinfo="skip"), row=1, col=2)
-    fig.add_vline(x=t / 1e3, line=dict(color="#555555", width=1, dash="dot"), row=1, col=2)
+                        line=dict(width=1, color="white")), hoverinfo="skip"), row=2, col=1)
+    fig.add_vline(x=t / 1e3, line=dict(color="#555555", width=1, dash="dot"), row=2, col=1)
     fig.update_layout(
-        title=dict(text=f"Race replay: {t / 1e3:.2f} s of engine time", x=0.01, xanchor="left"),
-        height=330, margin=dict(l=70, r=30, t=80, b=45), barmode="overlay",
+        title=title_layout(f"Race replay: {t / 1e3:.2f} s of engine time", gap=34),
+        height=660, margin=dict(l=70, r=30, t=20, b=45), barmode="overlay",
         plot_bgcolor="white", paper_bgcolor="white", font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom"),
+        legend=legend_below(),
         meta=dict(race=dict(runs=replay, end_ms=round(end, 2), seconds=RACE_REPLAY_SECONDS,
                             fps=RACE_REPLAY_FPS,
                             key=f"{end:.2f}/" + "/".join(str(r["tokens"][-1]) for r in replay))),
     )
-    fig.update_xaxes(range=[0, top * 1.45 + 1], title_text="tokens", gridcolor="#EEEEEE",
+    # room on the right for the bars' labels, also on a phone
+    fig.update_xaxes(range=[0, top * 2.6 + 1], title_text="tokens", gridcolor="#EEEEEE",
                      row=1, col=1)
     fig.update_yaxes(categoryorder="array", categoryarray=names[::-1], row=1, col=1)
     fig.update_xaxes(range=[0, end / 1e3 * 1.03 + 1e-3], title_text="engine time (s)",
-                     gridcolor="#EEEEEE", row=1, col=2)
+                     gridcolor="#EEEEEE", row=2, col=1)
     fig.update_yaxes(range=[0, top * 1.08 + 1], title_text="tokens", gridcolor="#EEEEEE",
-                     row=1, col=2)
+                     row=2, col=1)
     return fig
 
 
@@ -481,11 +513,20 @@ def token_colours(depth: int) -> tuple[str, str]:
     return DEPTH_BG[d], "#fff" if d == 4 else "#111"
 
 
-def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|>",)) -> str:
+CURRENT_OUTLINE = "#E69F00"  # the outline of the tokens the step on display committed
+
+
+def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|>",),
+                current: int | None = -1) -> str:
     """The generated text, each token marked by how it came: an accepted draft (green,
     darker = drafted deeper) or produced by the target itself (blue, dotted underline).
+    The tokens of step ``current`` (an index into ``steps``; -1: the last; None: none)
+    are outlined: the step the tree shows. Every token carries its step number
+    (``data-step``, 1-based), so a click on it can bring that step (the Decode tab).
     Hover a token for its step and depth."""
     spans = []
+    if current is not None and steps:
+        current = steps[current].step
     for tok in token_origins(steps):
         if not tok.text:  # the first bytes of a character another token completes
             continue
@@ -500,8 +541,12 @@ def tokens_html(steps: Sequence[StepTrace], special: Sequence[str] = ("<|im_end|
         if tok.text in special:
             style += ";opacity:0.6;font-size:0.85em"
         text = text.replace("\n", "↵\n").replace("\t", "→\t")
-        spans.append(f'<span title="{tip}" style="{style};border-radius:3px;padding:1px 0">'
-                     f"{text}</span>")
+        cls = ""
+        if tok.step == current:
+            style += f";outline:2px solid {CURRENT_OUTLINE};outline-offset:0"
+            cls = ' class="current-step"'
+        spans.append(f'<span{cls} data-step="{tok.step + 1}" title="{tip}" '
+                     f'style="{style};border-radius:3px;padding:1px 0">{text}</span>')
     body = "".join(spans) or '<span style="color:#888">(the generated text appears here)</span>'
     return (tokens_legend() +
             '<div id="generated-text" style="white-space:pre-wrap;font-size:15px;line-height:1.9;'
@@ -523,6 +568,8 @@ CARD_STATES = {
     "few": "shown after {n} steps of both",
     "self": "this is the baseline",
     "none": "turn on Compare to measure",
+    "before": "press Run to measure here",
+    "recorded": "recorded run: press Run to measure here",
 }
 
 
@@ -566,24 +613,21 @@ def warning_html(text: str) -> str:
             f"font-size:13px'>{html.escape(text)}</div>") if text else ""
 
 
-def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard | float | None,
-                 vs_medusa: SpeedCard | float | None,
-                 table: Sequence[tuple[str, RunStats, str]] = (), note: str = "",
+def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard, vs_medusa: SpeedCard,
+                 table: Sequence[tuple[str, RunStats, str, float | None]] = (), note: str = "",
                  warning: str = "") -> str:
     """Live metric cards of the streamed run, then a table of every measured run.
 
     Args:
         method: the run on screen (a name from ``clover.methods.ALL_METHODS``).
         stats: its figures so far.
-        vs_plain / vs_medusa: speedups at the same token count, as :class:`SpeedCard`
-            (a bare number: a card measured on a quiet machine; None: not measured).
-        table: (method, stats, state) per measured run, state e.g. "done" or "running".
+        vs_plain / vs_medusa: the speedup cards (:class:`SpeedCard`: the ratio at the
+            same token count and how far it can be trusted).
+        table: (method, stats, state, speedup over plain or None) per measured run,
+            state e.g. "done" or "running".
         note: a line under the table.
         warning: shown above the cards, readable in both themes (:func:`warning_html`).
     """
-    def card(x):
-        return x if isinstance(x, SpeedCard) else SpeedCard(x, "quiet" if x is not None else "none")
-
     cards = [
         ("tokens / step", f"{stats.tokens_per_step:.2f}", "#111"),
         ("tokens / s", f"{stats.tokens_per_second:.1f}", "#111"),
@@ -596,8 +640,8 @@ def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard | float | Non
         f'<div style="font-size:12px;color:#555">{label}</div>'
         f'<div style="font-size:21px;font-weight:650;color:{color}">{value}</div></div>'
         for label, value, color in cards)
-    card_html += (_speed_card("speedup vs plain", card(vs_plain))
-                  + _speed_card("speedup vs Medusa", card(vs_medusa)))
+    card_html += (_speed_card("speedup vs plain", vs_plain)
+                  + _speed_card("speedup vs Medusa", vs_medusa))
     rows = "".join(
         f"<tr><td style='padding:2px 8px'>{METHOD_LABELS.get(m, m)}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens}</td>"
@@ -605,12 +649,13 @@ def metrics_html(method: str, stats: RunStats, vs_plain: SpeedCard | float | Non
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_step:.2f}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.tokens_per_second:.1f}</td>"
         f"<td style='padding:2px 8px;text-align:right'>{s.engine_ms / 1e3:.2f}</td>"
+        f"<td style='padding:2px 8px;text-align:right'>{'—' if x is None else f'{x:.2f}×'}</td>"
         f"<td style='padding:2px 8px;opacity:0.75'>{html.escape(state)}</td></tr>"
-        for m, s, state in table)
+        for m, s, state, x in table)
     head = "".join(f"<th style='padding:2px 8px;text-align:{a};font-weight:600'>{h}</th>"
                    for h, a in (("method", "left"), ("tokens", "right"), ("steps", "right"),
                                 ("tokens/step", "right"), ("tokens/s", "right"),
-                                ("engine s", "right"), ("", "left")))
+                                ("engine s", "right"), ("vs plain", "right"), ("", "left")))
     # the table scrolls sideways in its own box on a narrow screen, never cut off
     table_html = (f"<div class='metrics-table' style='overflow-x:auto;max-width:100%'>"
                   f"<table style='border-collapse:collapse;font-size:13px;margin-top:8px'>"

@@ -122,6 +122,13 @@ def encode(loaded: LoadedModel, settings: Settings) -> list[int]:
     return ids
 
 
+def in_lockstep() -> bool:
+    """Whether :func:`run_methods` steps the methods in lockstep here (everywhere but
+    ZeroGPU, whose GPU calls cannot interleave), so speedups compare the same rounds
+    (:func:`clover.trace.speedup` with ``lockstep``)."""
+    return not zerogpu.active()
+
+
 def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[int],
                 lockstep: bool | None = None) -> Iterator[RunEvent]:
     """Run the methods of :func:`run_order` and report every step.
@@ -143,7 +150,7 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
     loaded.check_method(settings.method)
     order = run_order(settings.method, settings.compare, settings.lookup, loaded.methods)
     if lockstep is None:
-        lockstep = not zerogpu.active()
+        lockstep = in_lockstep()
     if not lockstep:
         for method in order:
             yield from _events([method], loaded, settings, prompt_ids)

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures import FONT, STATUS_STYLE, empty_figure, escape_token, token_label
+from app.figures import (FONT, STATUS_STYLE, empty_figure, escape_token, legend_below,
+                         title_layout, token_label)
 from app.metrics import ACCEPTED, CUT, REJECTED, ROOT, node_statuses
 from clover.methods import split_method
 from clover.trace import StepTrace
@@ -176,10 +177,13 @@ def mask_figure(step: StepTrace) -> go.Figure:
         textfont=dict(color="white", size=10), hovertext=hover,
         hovertemplate="%{hovertext}<extra></extra>"))
     size = int(min(620, 120 + 24 * n))
-    fig.update_layout(height=size, margin=dict(l=10, r=10, t=30, b=10), font=dict(family=FONT, size=11),
+    # the title at the top of the figure, above the column labels (Plotly moves the
+    # plot down for both)
+    fig.update_layout(height=size, margin=dict(l=10, r=10, t=10, b=10), font=dict(family=FONT, size=11),
                       paper_bgcolor="white", plot_bgcolor="white",
                       title=dict(text="rows: the query token · columns: what it may attend to (●)",
-                                 x=0.01, font=dict(size=12)),
+                                 x=0.01, xanchor="left", yref="container", y=1, yanchor="top",
+                                 pad=dict(t=8), automargin=True, font=dict(size=12)),
                       xaxis=dict(side="top", tickangle=-45, fixedrange=True, type="category"),
                       yaxis=dict(autorange="reversed", fixedrange=True, type="category"))
     return fig
@@ -215,12 +219,11 @@ def kv_figure(step: StepTrace) -> go.Figure:
             hovertemplate="%{hovertext}<extra></extra>"))
     n = len(step.nodes)
     fig.update_layout(
-        height=190, margin=dict(l=10, r=10, t=50, b=30), font=dict(family=FONT, size=12),
+        height=220, margin=dict(l=10, r=10, t=10, b=30), font=dict(family=FONT, size=12),
         paper_bgcolor="white", plot_bgcolor="white", showlegend=True,  # also with nothing dropped
-        title=dict(text=f"before: {step.prefix_length} + {n} positions · after: "
-                        f"{step.prefix_length + len(step.accepted) + len(step.cut)}",
-                   x=0.01, font=dict(size=12)),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.25),
+        title=title_layout(f"before: {step.prefix_length} + {n} positions · after: "
+                           f"{step.prefix_length + len(step.accepted) + len(step.cut)}", size=12),
+        legend=legend_below(),
         xaxis=dict(tickvals=list(range(n)), ticktext=[_label(step, i) for i in range(n)],
                    range=[-0.6, n - 0.4], fixedrange=True, showgrid=False),
         yaxis=dict(visible=False, range=[-1, 0.8], fixedrange=True))
@@ -375,9 +378,9 @@ def speed_figure(facts: SpeedFacts) -> go.Figure:
                              name="this run's mean tree", meta="run",
                              marker=dict(symbol="star", size=18, color="#D55E00"),
                              hovertemplate="%{x:.1f} tokens per step: %{y:.1f} ms<extra></extra>"))
-    fig.update_layout(height=280, margin=dict(l=50, r=10, t=30, b=40), font=dict(family=FONT, size=12),
+    fig.update_layout(height=300, margin=dict(l=50, r=10, t=16, b=40), font=dict(family=FONT, size=12),
                       paper_bgcolor="white", plot_bgcolor="white",
-                      legend=dict(orientation="h", x=0, y=1.15),
+                      legend=legend_below(),
                       xaxis=dict(title="tokens verified in one forward", gridcolor="#EEEEEE",
                                  range=[0.5, max(len(xs), n) + 0.5], fixedrange=True),
                       yaxis=dict(title="ms", gridcolor="#EEEEEE", rangemode="tozero",

@@ -20,6 +20,7 @@ from app import decode_tab, explainer_tab, registry
 
 CSS = """
 #status { min-height: 2.2em; }
+#text-panel [data-step] { cursor: pointer; }
 #tree-plot, #race-plot { border-radius: 8px; }
 .gradio-container { max-width: 1400px !important; }
 #explainer { max-width: 940px; margin: 0 auto; }
@@ -68,7 +69,7 @@ def build_demo(model: str | None = None, heads: str | None = None, *, target=Non
         banner = gr.Markdown(loaded.notice(), elem_id="model-notice")
         with gr.Tabs():
             with gr.Tab("Decode", id="decode"):
-                decode_tab.build(loaded, key, banner)
+                decode_tab.build(demo, loaded, key, banner)
             with gr.Tab("How Clover works", id="explainer"):
                 explainer_tab.build()
     demo.queue(max_size=64)

@@ -6,7 +6,7 @@ benchmark and the notebooks only read these records.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Sequence
 
 TARGET_TOP = 3  # the target's most likely next tokens kept per tree node (TreeNode.target_top)
@@ -179,6 +179,49 @@ class GenerationResult:
         }
 
 
+def step_to_dict(step: StepTrace) -> dict:
+    """A JSON-ready dict of one step's trace (its nodes as dicts); read back with
+    :func:`step_from_dict`."""
+    return asdict(step)
+
+
+def step_from_dict(d: dict) -> StepTrace:
+    """The :class:`StepTrace` of a dict from :func:`step_to_dict` (also after a JSON
+    round trip: ``target_top`` entries become tuples again).
+
+    Raises:
+        ValueError: when ``d`` lacks a field a step needs, or names one it does not have.
+    """
+    nodes = [TreeNode(**{**n, "target_top": [tuple(t) for t in n.get("target_top", [])]})
+             for n in d.get("nodes", [])]
+    names = {f.name for f in fields(StepTrace)}
+    extra = set(d) - names
+    if extra:
+        raise ValueError(f"not a step trace: unknown field(s) {sorted(extra)}")
+    try:
+        return StepTrace(**{**d, "nodes": nodes})
+    except TypeError as e:  # a required field is missing
+        raise ValueError(f"not a step trace: {e}") from None
+
+
+def result_to_dict(result: GenerationResult) -> dict:
+    """A JSON-ready dict of a run's result, its steps as :func:`step_to_dict` gives them."""
+    return asdict(result)
+
+
+def result_from_dict(d: dict) -> GenerationResult:
+    """The :class:`GenerationResult` of a dict from :func:`result_to_dict`.
+
+    Raises:
+        ValueError: when ``d`` or one of its steps is not such a dict.
+    """
+    names = {f.name for f in fields(GenerationResult)}
+    extra = set(d) - names
+    if extra or "text" not in d or "token_ids" not in d:
+        raise ValueError(f"not a generation result: fields {sorted(d)}")
+    return GenerationResult(**{**d, "steps": [step_from_dict(s) for s in d.get("steps", [])]})
+
+
 def acceptance_by_depth(steps: Sequence[StepTrace]) -> list[tuple[int, int, int]]:
     """Acceptance per depth, the one definition (app, bench, notebooks): per draft depth
     d >= 1, (d, steps whose accepted path reached depth d, steps that drafted a node at
@@ -255,7 +298,8 @@ def time_to_tokens(steps: Sequence[StepTrace], n: int) -> float | None:
     return None
 
 
-def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float | None:
+def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace],
+            lockstep: bool = False) -> float | None:
     """Speedup, the one definition (app, bench, notebooks): how many times faster
     ``steps`` committed its tokens than ``baseline`` did, in engine time (:func:`engine_ms`).
 
@@ -266,12 +310,27 @@ def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace]) -> float 
     tokens (it stopped earlier, e.g. EOS when sampling), the ratio of the two runs'
     tokens per second. The bench averages this per prompt (or batch) over prompts.
 
+    With ``lockstep`` the two runs stepped in lockstep, step k of each in round k, side
+    by side in time (:func:`clover.engine.lockstep`, as the app runs its methods): they
+    are compared over the rounds both took, their tokens per second over their first
+    k = min(len(steps), len(baseline)) steps. Each stretch of the machine's load then
+    falls on both runs' compared steps alike; at the same token count instead, the
+    baseline's steps to n tokens come from later rounds than the faster run's (measured
+    on a page recorded beside other work: 2.14x plain over 8 steps at the same token
+    count, 1.6x over the same rounds, 1.26x over the whole run).
+
     Returns:
         The ratio (> 1: faster than the baseline), or None when either run has no
         tokens or no time.
     """
     if not steps or not baseline:
         return None
+    if lockstep:
+        k = min(len(steps), len(baseline))
+        (t, n), (t_base, n_base) = timeline(steps[:k])[-1], timeline(baseline[:k])[-1]
+        if min(n, n_base) == 0 or min(t, t_base) <= 0:
+            return None
+        return (n / t) / (n_base / t_base)
     (t, n), base = timeline(steps)[-1], timeline(baseline)
     if n == 0 or t <= 0:
         return None

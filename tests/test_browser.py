@@ -322,6 +322,32 @@ def test_multi_token_characters_show_whole(app_url, embedded, browser, tmp_path)
     page.close()
 
 
+SLIDER_VALUE = "+document.querySelector('#step-slider input[type=number]').value"
+
+
+@pytest.mark.parametrize("viewport", [(1400, 1000), (390, 844)], ids=["desktop", "phone"])
+def test_a_fresh_page_plays_the_recorded_run(app_url, browser, viewport, tmp_path):
+    """Before any press the page shows the recorded run (assets/sample_run.json) with its
+    tree stepping on by itself; a click on a token brings the step that wrote it and
+    pauses; both head methods' trees from the same text sit under the text."""
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    page.goto(app_url)
+    wait_until(page, "document.querySelector('#status')?.innerText.includes('A recorded run')",
+               timeout=120_000)
+    wait_until(page, f"{SLIDER_VALUE} >= 3", timeout=30_000)  # Play runs with no press
+    assert page.locator("#tree-plot .gtitle").text_content().startswith("Step ")
+    assert page.locator("#text-panel .current-step").count() >= 1
+    assert "accepted" in page.inner_text("#same-point-text")
+    page.locator("#text-panel [data-step='2']").first.click()
+    wait_until(page, "document.querySelector('#status').innerText.includes('step 2 of')",
+               timeout=30_000)
+    page.wait_for_timeout(2500)  # Play would have moved on by now
+    assert page.evaluate(SLIDER_VALUE) == 2 and "step 2 of" in page.inner_text("#status")
+    assert page.locator("#text-panel .current-step").first.get_attribute("data-step") == "2"
+    shot(page, tmp_path, f"recorded-run-{viewport[0]}.png")
+    page.close()
+
+
 def alone_page(browser, url):
     """A new tab on the app with the comparison off (one method decodes)."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -344,6 +370,7 @@ def test_stop_while_queued_never_decodes(app_url, browser):
     busy, waiting = alone_page(browser, app_url), alone_page(browser, app_url)
     start_long_run(busy)
     waiting.fill("#prompt textarea", "Name three colours.")
+    record_states(waiting, "#status")
     waiting.click("#run-button")
     waiting.wait_for_timeout(1500)  # queued behind the busy tab's run
     waiting.click("#stop-button")
@@ -356,7 +383,10 @@ def test_stop_while_queued_never_decodes(app_url, browser):
         timeout=60_000)
     waiting.wait_for_timeout(1500)
     assert "Stopped before it started" in waiting.inner_text("#status")
-    assert "appears here" in waiting.inner_text("#generated-text")  # nothing was decoded
+    # nothing was decoded: the run never said it started (the text still shows what the
+    # page opened on: the recorded run, or nothing)
+    assert not any("Starting" in text or "racing" in text
+                   for _, text in recorded_states(waiting, "#status"))
     # the tab still works: a new run decodes
     waiting.click("#run-button")
     wait_until(waiting, "document.querySelector('#status').innerText.includes('Done')",
@@ -544,3 +574,106 @@ def test_a_phone_shows_the_results_after_run(app_url, browser, tmp_path):
     assert box.evaluate("e => getComputedStyle(e).overflowX") == "auto"
     shot(page, tmp_path, "app-phone.png")
     page.close()
+
+
+# ---------------------------------------------------------------- figures at a phone's width
+
+# The parts of a rendered Plotly figure, as boxes [left, top, right, bottom] in px from the
+# figure's corner: its title, its legend, its subplot titles (annotations) and per subplot
+# the plot area, tick labels, text drawn on it (bar labels) and axis titles.
+FIGURE_PARTS_JS = """() => {
+  const o = document.querySelector('.js-plotly-plot .main-svg').getBoundingClientRect();
+  const box = (e) => { const b = e.getBoundingClientRect();
+    return b.width > 0 && b.height > 0
+      ? [b.left - o.left, b.top - o.top, b.right - o.left, b.bottom - o.top] : null; };
+  const union = (els) => { const bs = els.map(box).filter(Boolean);
+    return bs.length ? [Math.min(...bs.map(b => b[0])), Math.min(...bs.map(b => b[1])),
+                        Math.max(...bs.map(b => b[2])), Math.max(...bs.map(b => b[3]))] : null; };
+  const all = (root, sel) => Array.from(root.querySelectorAll(sel));
+  const subplots = all(document, '.cartesianlayer .subplot').map((sp) => {
+    const id = Array.from(sp.classList).find((c) => c !== 'subplot');
+    const [, x, y] = /^(x\\d*)(y\\d*)$/.exec(id);
+    return {id, box: union([...all(document, `.draglayer .${id} .nsewdrag`),
+                            ...all(sp, '.xaxislayer-above text, .yaxislayer-above text, .plot text'),
+                            ...all(document, `.infolayer .g-${x}title, .infolayer .g-${y}title`)])};
+  });
+  const scroll = document.querySelector('.legend .scrollbar');
+  return {width: o.width, height: o.height, title: union(all(document, '.infolayer .gtitle')),
+          legend: union(all(document, '.infolayer .legend')), subplots,
+          annotations: all(document, '.infolayer .annotation').map(box).filter(Boolean),
+          legendScrolls: !!(scroll && box(scroll))};
+}"""
+
+
+def overlap(a, b, tol: float = 1.0) -> bool:
+    """Whether two boxes share more than a ``tol`` px strip (edges touching do not count)."""
+    return (a is not None and b is not None and min(a[2], b[2]) - max(a[0], b[0]) > tol
+            and min(a[3], b[3]) - max(a[1], b[1]) > tol)
+
+
+def figure_faults(parts: dict) -> list[str]:
+    """What is drawn over what in a figure (:data:`FIGURE_PARTS_JS`), or off its sides."""
+    named = [("title", parts["title"]), ("legend", parts["legend"])]
+    named += [(f"subplot {s['id']}", s["box"]) for s in parts["subplots"]]
+    named += [(f"subplot title {i}", a) for i, a in enumerate(parts["annotations"])]
+    faults = [f"{n} {a} overlaps {m} {b}" for i, (n, a) in enumerate(named)
+              for m, b in named[i + 1:] if overlap(a, b)]
+    for n, b in named[:2]:
+        if b is not None and (b[0] < -1 or b[2] > parts["width"] + 1):
+            faults.append(f"{n} {b} runs off the figure ({parts['width']:.0f} px wide)")
+    if parts["legendScrolls"]:
+        faults.append("the legend scrolls: some of its items are hidden")
+    return faults
+
+
+def layout_figures() -> dict:
+    """The app's figures from synthetic traces of every method, the lookup ones included
+    (no model): a step tree that prompt lookup drew in, the two charts after a run, the
+    race, and the step panels with a title."""
+    from app import figures, step_panels
+    from clover.methods import ALL_METHODS
+    from test_figures import chain_step, hand_step, plain_step
+
+    runs = {"ar": [plain_step(i, i + 1, ms=10.0) for i in range(12)]}
+    for k, m in enumerate(m for m in ALL_METHODS if m != "ar"):
+        runs[m] = [chain_step(i, 3 * (i + 1), 1 + (i + k) % 3, drafted_depth=4, ms=12.0 + k)
+                   for i in range(4)]
+    assert {"clover+lookup", "medusa+lookup"} <= set(runs)
+    step = hand_step(step=2, total=12)
+    step.nodes[2].source, step.nodes[4].source = "both", "lookup"
+    return {"tree": figures.tree_figure(step, 12), "acceptance": figures.acceptance_figure(runs),
+            "histogram": figures.accepted_length_figure(runs), "race": figures.race_figure(runs),
+            "kv": step_panels.kv_figure(step), "mask": step_panels.mask_figure(step)}
+
+
+@pytest.mark.parametrize("viewport", [dict(width=390, height=844), dict(width=1400, height=1000)],
+                         ids=["phone", "desktop"])
+def test_figures_lay_out_cleanly_with_lookup_methods(browser, tmp_path, viewport):
+    """Each figure, drawn by plotly.js in chromium at a phone's and a desktop's width (as
+    the app's gr.Plot draws it: responsive, as wide as the page): its title, legend,
+    subplots and subplot titles never overlap (the race's two parts included) and the
+    title and legend stay on the figure. Plotly cannot read the screen's width, so one
+    layout has to hold at both."""
+    import plotly.offline
+
+    (tmp_path / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+    page = browser.new_page(viewport=viewport)
+    faults = {}
+    try:
+        for name, fig in layout_figures().items():
+            path = tmp_path / f"{name}.html"
+            path.write_text(fig.to_html(include_plotlyjs="plotly.min.js",
+                                        config={"responsive": True}), encoding="utf-8")
+            page.goto(path.as_uri())
+            page.wait_for_selector(".js-plotly-plot .main-svg .cartesianlayer")
+            page.wait_for_timeout(200)  # the responsive redraw at the page's width
+            parts = page.evaluate(FIGURE_PARTS_JS)
+            assert parts["title"] and parts["legend"] or name == "mask", (name, parts)
+            if name == "race":
+                assert len([s for s in parts["subplots"] if s["box"]]) == 2, parts
+            if figure_faults(parts):
+                faults[name] = figure_faults(parts)
+                shot(page, tmp_path, f"figure-{name}-{viewport['width']}.png")
+    finally:
+        page.close()
+    assert not faults, json.dumps(faults, indent=1)

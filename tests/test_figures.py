@@ -121,7 +121,11 @@ def test_tree_figure_colours_shapes_legend_and_hover():
     assert edges["edges: path"].line.color == colours[ACCEPTED]
     assert list(edges["edges: bonus"].x) == [2, 3, None]
     assert sum(x is None for x in edges["edges: path"].x) == 2
-    assert "Step 1 of 3: 2 of 5 drafted tokens accepted + bonus → 3 tokens" in fig.layout.title.text
+    # the title wraps (a phone's width) and reads as one line once the breaks are gone
+    title = fig.layout.title.text
+    assert "<br>" in title and max(len(line) for line in title.split("<br>")) <= 40
+    assert ("Step 1 of 3: 2 of 5 drafted tokens accepted + bonus → 3 tokens"
+            in title.replace("<br>", ""))
     json.loads(fig.to_json())  # serialisable for gr.Plot
 
 
@@ -196,6 +200,13 @@ def test_timeline_speedup_and_stats():
     assert metrics.speedup(spec, []) is None
     # the baseline stopped earlier (EOS when sampling): compare tokens per second
     assert metrics.speedup(spec, plain[:2]) == pytest.approx((6 / 30) / (2 / 20))
+    # in lockstep: over the rounds both ran (2 steps each), plain's load spike in its
+    # rounds 3-6 (steps of 40 ms) does not count against it
+    slow = [plain_step(i, i + 1, ms=10.0 if i < 2 else 40.0) for i in range(6)]
+    assert metrics.speedup(spec, slow) == pytest.approx(180.0 / 30.0)
+    assert metrics.speedup(spec, slow, lockstep=True) == pytest.approx((6 / 30) / (2 / 20))
+    assert metrics.speedup(plain, plain, lockstep=True) == pytest.approx(1.0)
+    assert metrics.speedup(spec, [], lockstep=True) is None
     s = metrics.run_stats(spec)
     assert (s.steps, s.tokens, s.tokens_per_step) == (2, 6, 3.0)
     assert s.tokens_per_second == pytest.approx(200.0)
@@ -281,7 +292,7 @@ def test_every_method_has_a_style_and_a_name_and_races():
 
 def test_tokens_html_marks_origins():
     out = figures.tokens_html([hand_step(), plain_step(1, 4, text="<|im_end|>")])
-    assert out.count("<span title=") == 4
+    assert out.count(" data-step=") == 4
     assert f"background:{figures.DEPTH_BG[1]}" in out and f"background:{figures.DEPTH_BG[2]}" in out
     assert 'title="step 1: accepted draft, depth 2"' in out
     assert 'title="step 1: produced by the target"' in out
@@ -290,14 +301,30 @@ def test_tokens_html_marks_origins():
     assert "produced by the target" in figures.tokens_legend()
 
 
+def test_tokens_html_outlines_the_step_on_display_and_names_each_tokens_step():
+    steps = [hand_step(), plain_step(1, 4, text=" end")]
+    last = figures.tokens_html(steps)  # by default the latest step is outlined
+    assert last.count('class="current-step"') == 1 and 'data-step="2"' in last
+    first = figures.tokens_html(steps, current=0)
+    assert first.count('class="current-step"') == steps[0].accepted_length
+    assert first.count('data-step="1"') == steps[0].accepted_length
+    assert figures.CURRENT_OUTLINE in first
+    assert "current-step" not in figures.tokens_html(steps, current=None)
+
+
 def test_metrics_html_shows_cards_and_table():
     stats = metrics.run_stats([chain_step(0, 3, 2)])
-    out = figures.metrics_html("clover", stats, 1.5, 0.8, [("ar", stats, "done")], "note")
+    out = figures.metrics_html("clover", stats, figures.SpeedCard(1.5, "quiet"),
+                               figures.SpeedCard(0.8, "busy"), [("ar", stats, "done", None), ("clover", stats, "done", 1.25)], "note")
     for label in ("tokens / step", "tokens / s", "draft ms / step", "verify ms / step",
                   "speedup vs plain", "speedup vs Medusa"):
         assert label in out
-    assert "1.50× ▲" in out and "0.80× ▼" in out and "3.00" in out
-    assert "—" in figures.metrics_html("clover", stats, None, None)
+    assert "1.50× ▲" in out and "0.80× ▼" in out and "3.00" in out and "1.25×</td>" in out
+    assert 'data-state="quiet"' in out and 'data-state="busy"' in out
+    before = figures.metrics_html("clover", stats, figures.SpeedCard(None, "before"),
+                                  figures.SpeedCard(None, "before"))
+    # before any run a card asks for a run, never for Compare (which is on by default)
+    assert "—" in before and "press Run to measure" in before and "Compare" not in before
 
 
 # ---------------------------------------------------------------- a recorded trace

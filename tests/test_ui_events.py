@@ -7,7 +7,7 @@ import inspect
 import gradio as gr
 import pytest
 
-from app import registry
+from app import registry, same_point
 from app import settings as app_settings
 from app.decode_tab import Visitor
 from app.ui import build_demo
@@ -88,7 +88,7 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     assert f"step 2 of {len(steps)}" in status  # the status names the step on display
     assert tree.layout.title.text.startswith(f"Step 2 of {len(steps)}")
     assert f"step 2 · {steps[1].total_tokens} tokens" in metrics
-    assert text.count("<span title=") == len([t for s in steps[:2] for t in s.new_text if t])
+    assert text.count(" data-step=") == len([t for s in steps[:2] for t in s.new_text if t])
     # Previous and Next move one step within the trace, and say which step is shown
     from app.decode_tab import on_next, on_previous
 
@@ -105,7 +105,8 @@ def test_the_step_panels_come_from_the_step_trace(handlers):
     outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", True, "", "", 0, False, Visitor()))
     st = outputs[-1][-1]
     steps = st.runs["clover"]
-    verify, mask, kv, regressive, speed, reading = on_panels(2, "clover", st)
+    verify, mask, kv, regressive, speed, reading, same_clover, same_medusa, same = on_panels(
+        2, "clover", st)
     step = steps[1]
     assert list(verify.data[0].cells.values[0]) == [n.id for n in step.nodes[1:]]
     assert len(mask.data[0].z) == len(step.nodes) and mask.data[0].x[0].startswith("prefix")
@@ -114,6 +115,13 @@ def test_the_step_panels_come_from_the_step_trace(handlers):
     # the comparison ran prompt lookup, which measured the verify cost curve
     assert "tokens per step" in reading and "measured: **" in reading
     assert list(speed.data[0].x)[:2] == [1, 2]
+    # both trees from the same text: the one shown starts where the other method's did
+    point = same_point.same_point(st.runs, "clover", 1)
+    assert "<b>Clover</b>" in same_clover.layout.title.text and "accepted" in same
+    assert (st.runs["clover"][point.clover_step].total_tokens
+            - st.runs["clover"][point.clover_step].accepted_length == point.tokens
+            == st.runs["medusa"][point.medusa_step].total_tokens
+            - st.runs["medusa"][point.medusa_step].accepted_length)
     assert all(v == gr.skip() for v in on_panels(2, "clover", None))  # before a run: unchanged
     assert handlers["on_pick_trace_panels"]("ar", st)[3].layout.annotations
 
