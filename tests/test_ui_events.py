@@ -189,3 +189,14 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
         assert decode_tab.busy_note(st) == "" and "machine was busy" not in decode_tab._metrics(st)
     finally:
         registry.forget_model("test-busy")
+
+
+def test_before_any_run_the_cards_ask_for_a_run():
+    """A page opens with Compare on: its empty cards ask for a run, never for Compare
+    (a page without a recorded run to play, as here)."""
+    demo = build_demo(target=tiny_target("llama"), warm_up=False)
+    panel = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "metrics-panel")
+    assert panel.value.count("press Run to measure here") == 2 and "Compare" not in panel.value
+    compare = next(b for b in demo.blocks.values() if getattr(b, "label", None)
+                   == "Compare with the other methods")
+    assert compare.value is True
