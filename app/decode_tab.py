@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 EXAMPLES_FILE = "examples.json"  # under clover.assets_dir(), read when the page is built
 LIVE_SECONDS = 1.0  # the page is redrawn at most this often during a run
+# ... and on a busy machine (busy_note), where a browser beside the app draws slowly and
+# each redraw would reach into the timed steps, at most this often, with a longer settle
+BUSY_LIVE_SECONDS, BUSY_SETTLE_SECONDS = 3.0, 0.75
 # after each redraw the next round waits this long, so the page's drawing (the server
 # sending it, a browser on the same machine rendering it) never falls inside a timed step
 SETTLE_SECONDS = 0.25
@@ -210,6 +213,18 @@ def busy_note(state: RunState) -> str:
             f"lockstep, so the load fell on all of them).")
 
 
+def redraw_timing(st: RunState) -> tuple[float, float]:
+    """(at most how often, s; how long the next round then waits, s) the page is drawn
+    during a run: :data:`LIVE_SECONDS` and :data:`SETTLE_SECONDS`, or on a busy machine
+    (:func:`busy_note`), where a browser beside the app draws slowly and its redraws
+    would reach into the timed steps, :data:`BUSY_LIVE_SECONDS` and
+    :data:`BUSY_SETTLE_SECONDS` (measured beside two CPU hogs: the page's ratios 1.08 and
+    1.19 of the bench's before, 0.95 and 1.00 after; docs/benchmarks.md)."""
+    if busy_note(st):
+        return BUSY_LIVE_SECONDS, BUSY_SETTLE_SECONDS
+    return LIVE_SECONDS, SETTLE_SECONDS
+
+
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
     return [(METHOD_LABELS[m], m) for m in ALL_METHODS if state.runs.get(m)]
 
@@ -365,10 +380,12 @@ class RunHandler:
                     # the same cost to every method's step and pushes every ratio toward
                     # tokens per step (measured: a plain step 55-79 ms on the page, 31 ms
                     # off it, before this rule; scripts/page_check.py)
-                    if ev.kind == "round" and (shown is None
-                                               or time.monotonic() - shown >= LIVE_SECONDS):
+                    if ev.kind != "round":
+                        continue
+                    every, settle = redraw_timing(st)
+                    if shown is None or time.monotonic() - shown >= every:
                         yield _live_outputs(st, order, settings.max_new_tokens)
-                        time.sleep(SETTLE_SECONDS)
+                        time.sleep(settle)
                         shown = time.monotonic()
         except (ValueError, NonFiniteLogitsError) as e:
             st.done = True
@@ -504,6 +521,7 @@ PANEL_TITLES = {  # the step view's folded panels, in order
     "kv": "Update: what the KV cache kept",
     "regressive": "Clover's regressive inputs, per depth",
     "speed": "Why this fast, here: the verify cost curve",
+    "time": "Where a step's time goes: drafting, verifying, and the break-even",
 }
 
 
@@ -532,7 +550,8 @@ def speed_facts(st: RunState, method_value: str, steps: list) -> step_panels.Spe
 
 def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:
     """The panels of step ``i``: verify table, attention mask, KV-cache update,
-    regressive inputs, cost curve and its reading, all from the step's own trace; then
+    regressive inputs, cost curve, where the runs' step time goes (whole runs) and the
+    cost curve's reading, all from the traces; then
     Clover's and Medusa's trees from the same text and what differs
     (:func:`same_point_view`)."""
     steps = st.runs[method_value]
@@ -540,8 +559,8 @@ def step_panels_view(st: RunState, method_value: str, i: int) -> tuple:
     facts = speed_facts(st, method_value, steps[: i + 1])
     return (step_panels.verify_figure(step, st.greedy), step_panels.mask_figure(step),
             step_panels.kv_figure(step), step_panels.regressive_figure(step, method_value),
-            step_panels.speed_figure(facts), step_panels.speed_reading(facts),
-            *same_point_view(st, method_value, i))
+            step_panels.speed_figure(facts), step_panels.time_figure(method_value, st.runs),
+            step_panels.speed_reading(facts), *same_point_view(st, method_value, i))
 
 
 SAME_POINT_CAPTION = (

@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from app.figures import (FONT, STATUS_STYLE, empty_figure, escape_token, legend_below,
                          title_layout, token_label)
 from app.metrics import ACCEPTED, CUT, REJECTED, ROOT, node_statuses
-from clover.methods import split_method
+from clover.bench.records import time_split
+from clover.methods import METHOD_LABELS, split_method, with_lookup
 from clover.trace import StepTrace
 from clover.tree import ancestor_matrix
 from clover.lookup import verify_ms
@@ -41,6 +42,9 @@ CAPTIONS = {
                   "just before the one it guessed.",
     "speed": "How much one more verified token costs on this machine, and what that means for "
              "the speedup.",
+    "time": "Where a step's time goes, for the method on display beside Medusa and plain "
+            "decoding: a step must commit more tokens than its break-even to beat plain "
+            "decoding here.",
 }
 
 
@@ -385,4 +389,66 @@ def speed_figure(facts: SpeedFacts) -> go.Figure:
                                  range=[0.5, max(len(xs), n) + 0.5], fixedrange=True),
                       yaxis=dict(title="ms", gridcolor="#EEEEEE", rangemode="tozero",
                                  fixedrange=True))
+    return fig
+
+
+# ---------------------------------------------------------------- where a step's time goes
+
+# a step's parts in the order they run (clover.bench.records.TIME_PARTS): label, colour
+TIME_PART_STYLE = {
+    "draft": ("drafting the tree", "#009E73"),
+    "update": ("drafter update (observing the verified states)", "#56B4E9"),
+    "forward": ("verify: the target's forward over the tree", "#0072B2"),
+    "accept": ("verify: acceptance and the KV-cache update", "#E69F00"),
+}
+
+
+def time_methods(method: str, runs: Mapping[str, Sequence[StepTrace]]) -> list[str]:
+    """The methods the time panel compares: ``method``, the Medusa run it is compared
+    with (with lookup when ``method`` has it) and plain decoding, those that ran."""
+    kind, lookup = split_method(method)
+    medusa = with_lookup("medusa", lookup and kind is not None)
+    return [m for m in dict.fromkeys((method, medusa, "ar")) if runs.get(m)]
+
+
+def time_figure(method: str, runs: Mapping[str, Sequence[StepTrace]]) -> go.Figure:
+    """Where a step's time goes, mean ms per step over each whole run
+    (:func:`clover.bench.records.time_split`): drafting, the drafters' update, the
+    target's forward over the tree and acceptance, stacked, for ``method`` beside Medusa
+    and plain decoding; each bar ends with the tokens its steps committed and the tokens
+    per step a step that long needs to break even with plain decoding on this machine
+    (its ms over plain's)."""
+    methods = time_methods(method, runs)
+    if not methods:
+        return empty_figure("Run a prompt to see where a step's time goes", height=160)
+    splits = {m: time_split(runs[m]) for m in methods}
+    plain_ms = sum(splits["ar"].values()) if "ar" in splits else None
+    labels = [METHOD_LABELS[m] for m in methods]
+    fig = go.Figure()
+    for part, (name, colour) in TIME_PART_STYLE.items():
+        xs = [splits[m][part] for m in methods]
+        fig.add_trace(go.Bar(y=labels, x=xs, orientation="h", name=name, meta=part,
+                             marker=dict(color=colour), text=[f"{x:.1f}" if x >= 3 else ""
+                                                              for x in xs],
+                             textposition="inside", insidetextanchor="middle",
+                             hovertemplate=f"{name}: %{{x:.2f}} ms a step<extra></extra>"))
+    notes = []
+    for m, label in zip(methods, labels):
+        step = sum(splits[m].values())
+        tau = sum(s.accepted_length for s in runs[m]) / len(runs[m])
+        if m == "ar" or not plain_ms:
+            text = f"{step:.1f} ms · 1 token a step"
+        else:
+            text = (f"{step:.1f} ms · {tau:.2f} tokens a step; breaks even at "
+                    f"{step / plain_ms:.2f}")
+        notes.append(dict(x=step, y=label, xref="x", yref="y", text=text, showarrow=False,
+                          xanchor="left", xshift=6, font=dict(size=12)))
+    longest = max(sum(t.values()) for t in splits.values())
+    fig.update_layout(barmode="stack", annotations=notes, height=110 + 52 * len(methods),
+                      margin=dict(l=10, r=10, t=16, b=10), font=dict(family=FONT, size=12),
+                      paper_bgcolor="white", plot_bgcolor="white", legend=legend_below(),
+                      bargap=0.35,
+                      xaxis=dict(title="ms a step (engine time)", gridcolor="#EEEEEE",
+                                 range=[0, longest * 2.1], fixedrange=True),
+                      yaxis=dict(autorange="reversed", fixedrange=True, automargin=True))
     return fig

@@ -576,6 +576,39 @@ def test_a_phone_shows_the_results_after_run(app_url, browser, tmp_path):
     page.close()
 
 
+CONTRAST_JS = """(sel) => {
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92
+    : Math.pow((v + 0.055) / 1.055, 2.4); }; return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const el = document.querySelector(sel);
+  let bg = el, c;
+  while (bg && ((c = rgb(getComputedStyle(bg).backgroundColor)).length < 3 || c[3] === 0))
+    bg = bg.parentElement;
+  const back = bg ? rgb(getComputedStyle(bg).backgroundColor) : [255, 255, 255];
+  const [a, b] = [lum(rgb(getComputedStyle(el).color)), lum(back)];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_text_and_warnings_are_readable_in_both_themes(app_url, browser, scheme):
+    """WCAG AA contrast (4.5:1) for the status line, a speed card's state line and the
+    busy warning (drawn into the metrics panel as the app draws it) in light and dark mode."""
+    from app import figures
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1000},
+                                  color_scheme=scheme)
+    page = context.new_page()
+    page.goto(app_url + ("?__theme=dark" if scheme == "dark" else ""))
+    page.wait_for_selector("#metrics .speed-card")
+    warning = figures.warning_html("The machine was busy during this run.")
+    page.evaluate("(html) => document.querySelector('#metrics').insertAdjacentHTML("
+                  "'afterbegin', html)", warning)
+    for sel in ("#status", "#metrics .speed-card div:last-child", "#metrics .run-warning"):
+        assert page.evaluate(CONTRAST_JS, sel) >= 4.5, (scheme, sel)
+    context.close()
+
+
 # ---------------------------------------------------------------- figures at a phone's width
 
 # The parts of a rendered Plotly figure, as boxes [left, top, right, bottom] in px from the

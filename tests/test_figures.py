@@ -583,3 +583,33 @@ def test_the_text_race_marks_each_token_with_the_engine_time_of_its_step():
     assert re.findall(r'data-ms="([\d.]+)"', plain_row) == ["8.0", "16.0", "24.0", "32.0", "40.0"]
     assert figures.DEPTH_BG[2] in clover_row and figures.TARGET_BG in plain_row
     assert "race-row" not in figures.text_race_html({})
+
+
+def test_time_panel_splits_each_methods_step_and_gives_its_break_even():
+    """The waterfall of a step's parts (step_panels.time_figure): the method on display,
+    its Medusa and plain decoding; each bar's parts sum to the mean step, and each
+    speculative bar names its tokens per step and its break-even (its step over plain's)."""
+    from dataclasses import replace
+
+    from app import step_panels
+
+    def timed(s, draft, update, forward, accept):
+        return replace(s, draft_ms=draft + update, update_ms=update, forward_ms=forward,
+                       accept_ms=accept, verify_ms=forward + accept)
+
+    runs = {"ar": [timed(plain_step(i, i + 1), 0.0, 0.1, 30.0, 0.4) for i in range(4)],
+            "medusa+lookup": [timed(chain_step(0, 2, 1), 1.0, 0.1, 40.0, 0.9)],
+            "clover+lookup": [timed(chain_step(0, 3, 2), 3.0, 0.2, 40.0, 0.8)],
+            "clover": [timed(chain_step(0, 3, 2), 3.0, 0.2, 40.0, 0.8)]}
+    assert step_panels.time_methods("clover+lookup", runs) == ["clover+lookup", "medusa+lookup", "ar"]
+    assert step_panels.time_methods("clover", runs) == ["clover", "ar"]  # no plain Medusa ran
+    fig = step_panels.time_figure("clover+lookup", runs)
+    assert [t.meta for t in fig.data] == ["draft", "update", "forward", "accept"]
+    assert list(fig.data[0].y) == ["Clover + lookup", "Medusa + lookup", "Plain"]
+    steps = [sum(t.x[k] for t in fig.data) for k in range(3)]
+    assert steps == pytest.approx([44.0, 42.0, 30.5])
+    notes = [a.text for a in fig.layout.annotations]
+    assert "3.00 tokens a step; breaks even at 1.44" in notes[0]  # 44 / 30.5
+    assert "1 token a step" in notes[2]
+    empty = step_panels.time_figure("clover", {})
+    assert not empty.data and "Run a prompt" in empty.layout.annotations[0].text

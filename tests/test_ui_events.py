@@ -105,8 +105,8 @@ def test_the_step_panels_come_from_the_step_trace(handlers):
     outputs = list(on_run("t5 t6 t7", "clover", 0, 12, "4", True, "", "", 0, False, Visitor()))
     st = outputs[-1][-1]
     steps = st.runs["clover"]
-    verify, mask, kv, regressive, speed, reading, same_clover, same_medusa, same = on_panels(
-        2, "clover", st)
+    (verify, mask, kv, regressive, speed, time_split, reading, same_clover, same_medusa,
+     same) = on_panels(2, "clover", st)
     step = steps[1]
     assert list(verify.data[0].cells.values[0]) == [n.id for n in step.nodes[1:]]
     assert len(mask.data[0].z) == len(step.nodes) and mask.data[0].x[0].startswith("prefix")
@@ -115,6 +115,12 @@ def test_the_step_panels_come_from_the_step_trace(handlers):
     # the comparison ran prompt lookup, which measured the verify cost curve
     assert "tokens per step" in reading and "measured: **" in reading
     assert list(speed.data[0].x)[:2] == [1, 2]
+    # where the time goes: the watched method, Medusa and plain, parts summing to a step
+    assert list(time_split.data[0].y) == ["Clover", "Medusa", "Plain"]
+    for k, m in enumerate(("clover", "medusa", "ar")):
+        parts = sum(bar.x[k] for bar in time_split.data)
+        assert parts == pytest.approx(sum(s.draft_ms + s.verify_ms for s in st.runs[m])
+                                      / len(st.runs[m]))
     # both trees from the same text: the one shown starts where the other method's did
     point = same_point.same_point(st.runs, "clover", 1)
     assert "<b>Clover</b>" in same_clover.layout.title.text and "accepted" in same
@@ -185,8 +191,14 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=40.0) for s in steps]
         assert "machine was busy" in decode_tab.busy_note(st) and "40 ms here, 10 ms" in decode_tab.busy_note(st)
         assert "machine was busy" in decode_tab._metrics(st)
+        # a busy machine's page is drawn less often, the next round waiting longer for it
+        assert decode_tab.redraw_timing(st) == (decode_tab.BUSY_LIVE_SECONDS,
+                                                decode_tab.BUSY_SETTLE_SECONDS)
+        assert decode_tab.BUSY_LIVE_SECONDS > decode_tab.LIVE_SECONDS
+        assert decode_tab.BUSY_SETTLE_SECONDS > decode_tab.SETTLE_SECONDS
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=12.0) for s in steps]
         assert decode_tab.busy_note(st) == "" and "machine was busy" not in decode_tab._metrics(st)
+        assert decode_tab.redraw_timing(st) == (decode_tab.LIVE_SECONDS, decode_tab.SETTLE_SECONDS)
     finally:
         registry.forget_model("test-busy")
 
