@@ -440,10 +440,9 @@ def _live_outputs(st: RunState, order: list[str], max_new: int) -> tuple:
 
 def sample_state(sample: sample_run.SampleRun, model_key: str) -> RunState:
     """The recorded run as a finished run of this page (its speeds marked recorded)."""
-    st = RunState(sample.method, runs=dict(sample.runs), results=dict(sample.results),
-                  greedy=True, done=True, model_key=model_key,
-                  tree=auto_tree(), recorded=sample.where())
-    return st
+    return RunState(sample.method, runs=dict(sample.runs), results=dict(sample.results),
+                    greedy=True, done=True, model_key=model_key, tree=auto_tree(),
+                    recorded=sample.where())
 
 
 def on_open(sample: sample_run.SampleRun | None, model_key: str) -> tuple:
