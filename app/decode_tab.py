@@ -61,7 +61,8 @@ STOP_PLAY = ("if (window._cloverPlay) { clearInterval(window._cloverPlay); "
              "window._cloverPlay = null; }")
 # Run stops a playing Play (it would step through the new run), and on a narrow screen
 # brings the results, which sit below the settings, into view
-SHOW_RESULTS_JS = (f"() => {{ {STOP_PLAY} if (window.innerWidth < 800) "
+SHOW_RESULTS_JS = (f"() => {{ {STOP_PLAY} window._cloverRan = true; "
+                   "if (window.innerWidth < 800) "
                    "document.querySelector('#status')?.scrollIntoView({behavior: 'smooth', "
                    "block: 'start'}); return []; }")
 # a click on a generated token asks for the step that wrote it (a "select" event whose
@@ -71,6 +72,10 @@ TOKEN_CLICK_JS = ("element.addEventListener('click', (e) => { const t = e.target
                   "+t.dataset.step, value: t.dataset.step}); } });")
 # for the slider and Previous (Next is what Play presses)
 STOP_PLAY_JS = f"(...args) => {{ {STOP_PLAY} return args; }}"
+# a fresh page plays the recorded run, unless Run was pressed before it had loaded (Play
+# would then step through the visitor's own run)
+OPEN_PLAY_JS = f"() => {{ if (window._cloverRan) return []; return ({PLAY_JS})(); }}"
+OPEN_REPLAY_JS = f"() => {{ if (window._cloverRan) return []; return ({AUTO_REPLAY_JS})(); }}"
 
 TIMING_NOTE = ("Times are engine time: each step's draft + verify time, recorded in its trace. "
                "The methods ran in lockstep on this machine (one step of each in turn, never "
@@ -420,12 +425,14 @@ def _race_status(st: RunState, order: list[str], max_new: int) -> str:
 
 
 def _live_outputs(st: RunState, order: list[str], max_new: int) -> tuple:
-    """The page during a run, drawn between lockstep rounds: status, cards, the watched
-    method's latest tree and text, and the race so far."""
+    """The page during a run, drawn between lockstep rounds: status (with how far each
+    method of the race is), cards, the watched method's latest tree and text. The race
+    figure is drawn after the run: redrawn live it was the page's largest figure, and a
+    browser on the same machine drew it into the next timed steps."""
     name = METHOD_LABELS[st.method]
     watched = st.runs.get(st.method, [])
     others = _race_status(st, order, max_new) if len(order) > 1 else ""
-    extra = {"race": figures.race_figure(st.runs)} if len(order) > 1 else {}
+    extra = {}
     if st.method in st.results:
         status = f"**{name}** done in {len(watched)} steps; the others finish the race…{others}"
     elif watched:
@@ -828,8 +835,8 @@ def build(demo: gr.Blocks, loaded: LoadedModel, model_key: str, banner: gr.Markd
                   show_progress="hidden").then(
             on_step_panels, [step_slider, browse, state], panel_outputs,
             api_visibility="private", concurrency_limit=None, show_progress="hidden").then(
-            None, js=PLAY_JS, api_visibility="private").then(
-            None, js=AUTO_REPLAY_JS, api_visibility="private")
+            None, js=OPEN_PLAY_JS, api_visibility="private").then(
+            None, js=OPEN_REPLAY_JS, api_visibility="private")
     browse.input(on_pick_trace, [browse, state], [step_slider, tree_plot, text, metrics, status],
                  api_visibility="private", concurrency_limit=None, show_progress="hidden")
     # the step panels follow the step view, as separate events so the tree never waits
