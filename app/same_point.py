@@ -100,7 +100,9 @@ def describe(point: SamePoint, runs: Mapping[str, Sequence[StepTrace]]) -> str:
     the target wanted and what each drafted there, naming Clover's regressive input."""
     cs, ms = runs[point.clover][point.clover_step], runs[point.medusa][point.medusa_step]
     names = METHOD_LABELS[point.clover], METHOD_LABELS[point.medusa]
-    tail = "".join(t.text for t in token_origins(runs[point.clover][:point.clover_step]))[-24:]
+    # the committed text, token by token (greedy: one text for both methods)
+    texts = [t.text for t in token_origins(runs[point.clover])]
+    tail = "".join(texts[:point.tokens])[-24:]
     where = (f"After {point.tokens} tokens (…{_tok(tail)})" if point.tokens
              else "At the first step (right after the prompt)")
     if not point.exact:
@@ -108,8 +110,7 @@ def describe(point: SamePoint, runs: Mapping[str, Sequence[StepTrace]]) -> str:
     a_c, a_m = len(cs.accepted) - 1, len(ms.accepted) - 1
     counts = (f"{where}: {names[0]} drafted {len(cs.nodes) - 1} tokens and had **{a_c}** "
               f"accepted, {names[1]} drafted {len(ms.nodes) - 1} and had **{a_m}** accepted.")
-    # the target's continuation from this point: the committed text (greedy: one text)
-    after = [t.text for t in token_origins(runs[point.clover])][point.tokens:]
+    after = texts[point.tokens:]  # the target's continuation from this point
     d = min(a_c, a_m) + 1
     if d > len(after):
         return counts
