@@ -33,12 +33,11 @@ log = logging.getLogger(__name__)
 
 EXAMPLES_FILE = "examples.json"  # under clover.assets_dir(), read when the page is built
 LIVE_SECONDS = 1.0  # the page is redrawn at most this often during a run
-# ... and on a busy machine (busy_note), where a browser beside the app draws slowly and
-# each redraw would reach into the timed steps, at most this often, with a longer settle
-BUSY_LIVE_SECONDS, BUSY_SETTLE_SECONDS = 3.0, 0.75
 # after each redraw the next round waits this long, so the page's drawing (the server
-# sending it, a browser on the same machine rendering it) never falls inside a timed step
-SETTLE_SECONDS = 0.25
+# sending it, a browser on the same machine rendering it) never falls inside a timed step;
+# on a busy machine, where such a browser draws slowly, the one redraw before the race
+# goes on undrawn (draw_due) waits longer
+SETTLE_SECONDS, BUSY_SETTLE_SECONDS = 0.25, 0.75
 
 REPLAY_JS = (Path(__file__).parent / "race_replay.js").read_text()
 # after a run the race replays by itself (texts and figure) when there is one to replay
@@ -104,6 +103,8 @@ class RunState:
             and where it was recorded; None for a run made here.
         lockstep: the methods stepped in lockstep (:func:`app.runner.in_lockstep`), so
             speedups compare the rounds both runs took.
+        busy_told: the machine was found busy during the run and the page said that it
+            is drawn again only when the race ends (:func:`draw_due`).
     """
 
     method: str
@@ -119,6 +120,7 @@ class RunState:
     threads: tuple[int, int] | None = None
     recorded: str | None = None
     lockstep: bool = True
+    busy_told: bool = False
 
 
 @dataclass
@@ -218,16 +220,23 @@ def busy_note(state: RunState) -> str:
             f"lockstep, so the load fell on all of them).")
 
 
-def redraw_timing(st: RunState) -> tuple[float, float]:
-    """(at most how often, s; how long the next round then waits, s) the page is drawn
-    during a run: :data:`LIVE_SECONDS` and :data:`SETTLE_SECONDS`, or on a busy machine
-    (:func:`busy_note`), where a browser beside the app draws slowly and its redraws
-    would reach into the timed steps, :data:`BUSY_LIVE_SECONDS` and
-    :data:`BUSY_SETTLE_SECONDS` (measured beside two CPU hogs: the page's ratios 1.08 and
-    1.19 of the bench's before, 0.95 and 1.00 after; docs/benchmarks.md)."""
-    if busy_note(st):
-        return BUSY_LIVE_SECONDS, BUSY_SETTLE_SECONDS
-    return LIVE_SECONDS, SETTLE_SECONDS
+def draw_due(st: RunState, shown: float | None) -> bool:
+    """Whether the page is drawn now, between two lockstep rounds (asked on the engine
+    thread, :func:`app.runner.run_methods`'s ``pause``; ``shown``: when it was last drawn,
+    ``time.monotonic()``): at once after Stop; at most every :data:`LIVE_SECONDS` on a
+    quiet machine; on a busy one (fewer threads at the start, :func:`app.runner.load_threads`,
+    or :func:`busy_note`) once to say so, then not until the race ends. Drawn beside two
+    CPU hogs every 3 s, the page's speedups ran 0.95-1.19 of ``clover bench``'s: a
+    browser on the same cores, woken by each redraw, takes its CPU from the steps timed
+    next (``scripts/page_check.py``, docs/benchmarks.md)."""
+    if st.stop:
+        return True
+    if st.threads is not None or busy_note(st):
+        if st.busy_told:
+            return False
+        st.busy_told = True
+        return True
+    return shown is None or time.monotonic() - shown >= LIVE_SECONDS
 
 
 def _browse_choices(state: RunState) -> list[tuple[str, str]]:
@@ -372,25 +381,23 @@ class RunHandler:
         time.sleep(SETTLE_SECONDS)  # the page draws "Starting" before the first timed step
         shown = None  # when the page was last drawn during the run
         try:
+            # the page is drawn only between rounds, where draw_due says (the engine thread
+            # runs the rounds between undisturbed), and the next round waits for it: page
+            # work inside a timed step adds the same cost to every method's step and pushes
+            # every ratio toward tokens per step (measured: a plain step 55-79 ms on the
+            # page, 31 ms off it, before this rule; scripts/page_check.py)
             with runner.load_threads(chosen) as threads, \
-                    closing(runner.run_methods(chosen, settings, prompt_ids)) as events:
+                    closing(runner.run_methods(chosen, settings, prompt_ids,
+                                               pause=lambda: draw_due(st, shown))) as events:
                 st.threads = threads
                 for ev in events:
                     if st.stop:  # Stop was pressed: end here, after this step
                         yield _finish(st, stopped=True)
                         return
                     _record(st, ev)
-                    # the page is drawn only between rounds, at most every LIVE_SECONDS,
-                    # and the next round waits for it: page work inside a timed step adds
-                    # the same cost to every method's step and pushes every ratio toward
-                    # tokens per step (measured: a plain step 55-79 ms on the page, 31 ms
-                    # off it, before this rule; scripts/page_check.py)
-                    if ev.kind != "round":
-                        continue
-                    every, settle = redraw_timing(st)
-                    if shown is None or time.monotonic() - shown >= every:
+                    if ev.kind == "round":
                         yield _live_outputs(st, order, settings.max_new_tokens)
-                        time.sleep(settle)
+                        time.sleep(BUSY_SETTLE_SECONDS if st.busy_told else SETTLE_SECONDS)
                         shown = time.monotonic()
         except (ValueError, NonFiniteLogitsError) as e:
             st.done = True
@@ -440,6 +447,9 @@ def _live_outputs(st: RunState, order: list[str], max_new: int) -> tuple:
                   f"{max_new} tokens{others}")
     else:
         status = f"**{name}**, starting…{others}"
+    if st.busy_told:
+        status += (" · *The machine is busy: the page is drawn again when the race ends, so "
+                   "drawing takes no CPU from the timed steps.*")
     if watched:
         extra.update(tree=figures.tree_figure(watched[-1]), text=figures.tokens_html(watched))
     return _out(status=status, metrics=_metrics(st), state=st, **extra)

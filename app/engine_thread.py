@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from contextlib import closing
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator, TypeVar
 
@@ -54,14 +55,34 @@ def iterate(items: Iterator[T]) -> Iterator[T]:
     """The items of ``items``, each produced on the engine thread (``next`` runs there),
     while the caller consumes them on its own thread. Closing this generator closes
     ``items`` on the engine thread too."""
+    with closing(chunks(items, lambda _: True)) as parts:
+        for part in parts:
+            yield from part
+
+
+def chunks(items: Iterator[T], until: Callable[[T], bool]) -> Iterator[list[T]]:
+    """The items of ``items`` in lists, each list produced by one call on the engine
+    thread: it takes items until one for which ``until(item)`` is true (evaluated there,
+    that item ending the list) or the end. Between the lists the engine thread waits for
+    the caller; within one it hands nothing over, so the caller's thread (and what it
+    wakes: a server, a browser) sleeps while the items are made. Closing this generator
+    closes ``items`` on the engine thread too."""
     it = iter(items)
-    done = object()
+
+    def part() -> list[T] | None:
+        out: list[T] = []
+        for item in it:
+            out.append(item)
+            if until(item):
+                return out
+        return out or None
+
     try:
         while True:
-            item = call(next, it, done)
-            if item is done:
+            got = call(part)
+            if got is None:
                 return
-            yield item
+            yield got
     finally:
         close = getattr(it, "close", None)
         if close is not None:

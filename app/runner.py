@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from clover import Engine, SamplingConfig, TreeConfig, encode_prompt
 from clover.engine import lockstep, validate_request
@@ -49,8 +49,9 @@ class RunEvent:
 
     Attributes:
         kind: "start" (a method's run begins), "step" (one decode step), "done", or
-            "round" (every running method has stepped once: the point where the page may
-            be drawn, outside every timed step; ``method`` is "").
+            "round" (every running method has stepped once and the caller's ``pause``
+            asked to see the events so far: the point where the page may be drawn,
+            outside every timed step; ``method`` is "").
         method: the run's method (see :data:`clover.methods.ALL_METHODS`).
         live: True for the method the visitor asked to watch.
         step: the step's trace (kind "step").
@@ -130,17 +131,24 @@ def in_lockstep() -> bool:
 
 
 def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[int],
-                lockstep: bool | None = None) -> Iterator[RunEvent]:
+                lockstep: bool | None = None,
+                pause: Callable[[], bool] | None = None) -> Iterator[RunEvent]:
     """Run the methods of :func:`run_order` and report every step.
 
     In lockstep (the default): every method starts at once, then one step of each in
     turn, each round starting one method later (the watched method first in the first),
-    with a "round" event after every round, until all are done. The watched
-    method's first step comes after one step of its own (not after every baseline's whole
-    run), and a slow spell of the machine lands on every method alike, so each method's
-    summed step times (its trace's engine time) compare within one shared window. On
-    ZeroGPU (:mod:`app.zerogpu`), whose GPU calls cannot interleave, the methods run one after
-    another, the watched one first.
+    until all are done. The watched method's first step comes after one step of its own
+    (not after every baseline's whole run), and a slow spell of the machine lands on
+    every method alike, so each method's summed step times (its trace's engine time)
+    compare within one shared window. On ZeroGPU (:mod:`app.zerogpu`), whose GPU calls
+    cannot interleave, the methods run one after another, the watched one first.
+
+    The steps are made on the engine thread (:mod:`app.engine_thread`) and handed to the
+    caller in batches: after each round ``pause()`` is asked there (None: after every
+    round); where it says True the events so far arrive, then a "round" event, and the
+    engine thread waits until the caller asks for the next event. Between those points
+    the caller's thread sleeps, so what it would wake (a server, a browser drawing the
+    page) takes no CPU from the timed steps.
 
     Closing this generator stops every run after its current step.
 
@@ -153,28 +161,41 @@ def run_methods(loaded: LoadedModel, settings: Settings, prompt_ids: Sequence[in
         lockstep = in_lockstep()
     if not lockstep:
         for method in order:
-            yield from _events([method], loaded, settings, prompt_ids)
+            yield from _events([method], loaded, settings, prompt_ids, pause)
         return
-    yield from _events(order, loaded, settings, prompt_ids)
+    yield from _events(order, loaded, settings, prompt_ids, pause)
 
 
 def _events(methods: list[str], loaded: LoadedModel, settings: Settings,
-            prompt_ids: Sequence[int]) -> Iterator[RunEvent]:
+            prompt_ids: Sequence[int],
+            pause: Callable[[], bool] | None = None) -> Iterator[RunEvent]:
     """The runs of ``methods`` advanced one step each in turn
-    (:func:`clover.engine.lockstep`), as events."""
+    (:func:`clover.engine.lockstep`), as events, in batches ending where ``pause()``
+    says (see :func:`run_methods`)."""
     runs = {m: decode(loaded.key, m, list(prompt_ids), settings.max_new_tokens,
                       settings.sampling, settings.tree) for m in methods}
     for m in methods:
         yield RunEvent("start", m, m == settings.method)
+
+    paused = [False]  # what pause() said at the latest round's end
+
+    def until(item) -> bool:  # on the engine thread, between rounds
+        if item[0] is not None:
+            return False
+        paused[0] = pause is None or pause()
+        return paused[0]
+
     # every step on the engine thread (app.engine_thread), never on Gradio's workers;
     # closing this generator closes every engine run there
-    with closing(engine_thread.iterate(lockstep(runs, rotate=True, rounds=True))) as items:
-        for m, item in items:
-            if m is None:
-                yield RunEvent("round", "", False)
-                continue
-            live = m == settings.method
-            if isinstance(item, GenerationResult):
-                yield RunEvent("done", m, live, result=item)
-            else:
-                yield RunEvent("step", m, live, step=item)
+    with closing(engine_thread.chunks(lockstep(runs, rotate=True, rounds=True), until)) as parts:
+        for part in parts:
+            for i, (m, item) in enumerate(part):
+                if m is None:  # a round's end, a pause where it ends the part
+                    if i == len(part) - 1 and paused[0]:
+                        yield RunEvent("round", "", False)
+                    continue
+                live = m == settings.method
+                if isinstance(item, GenerationResult):
+                    yield RunEvent("done", m, live, result=item)
+                else:
+                    yield RunEvent("step", m, live, step=item)

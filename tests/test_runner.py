@@ -309,6 +309,50 @@ def test_run_methods_in_lockstep():
         runner.encode(loaded, too_long)
 
 
+def test_run_methods_hands_over_steps_only_where_pause_says(monkeypatch):
+    """``pause`` (asked on the engine thread after each round) decides where the caller
+    sees the events so far: never -> one hand-over for the whole race (the caller's
+    thread, and the server and browser it would wake, sleep while every step is timed);
+    every round -> one per round; the steps and texts are the same either way."""
+    from app import engine_thread
+
+    target = tiny_target("llama", vocab_size=64)
+    settings = app_settings.parse_settings("t5 t6 t7", "clover", 0, 10, "4")
+    loaded = registry.register_model("test-pause", target, warm_up=True)
+    calls = []
+    real_call = engine_thread.call
+    monkeypatch.setattr(engine_thread, "call", lambda fn, *a, **k: (calls.append(fn), real_call(fn, *a, **k))[1])
+    try:
+        prompt = runner.encode(loaded, settings)
+        asked = []
+
+        def never():
+            asked.append(engine_thread.on_engine_thread())
+            return False
+
+        calls.clear()
+        quiet = list(runner.run_methods(loaded, settings, prompt, pause=never))
+        handovers = len(calls)
+        assert asked and all(asked)  # asked after every round, on the engine thread
+        assert [e.kind for e in quiet].count("round") == 0
+        calls.clear()
+        every = list(runner.run_methods(loaded, settings, prompt))
+        rounds = [e.kind for e in every].count("round")
+        assert rounds == len(asked) and len(calls) >= rounds + 1 > handovers
+        assert handovers <= 3  # the race in one part (plus the end and the close)
+        # every step arrives either way, and the events are the same but for the rounds
+        assert [(e.kind, e.method) for e in quiet] == [(e.kind, e.method) for e in every
+                                                       if e.kind != "round"]
+        assert ({e.method: e.result.token_ids for e in quiet if e.kind == "done"}
+                == {e.method: e.result.token_ids for e in every if e.kind == "done"})
+        # a pause every other round: a round event there only
+        flip = iter([False, True] * 50)
+        some = list(runner.run_methods(loaded, settings, prompt, pause=lambda: next(flip)))
+        assert [e.kind for e in some].count("round") == len(asked) // 2
+    finally:
+        registry.forget_model("test-pause")
+
+
 def test_decoding_runs_inside_spaces_gpu_when_zerogpu_is_switched_on(tmp_path):
     """ZeroGPU is an explicit setting (app.zerogpu.configure, from $CLOVER_ZEROGPU or the
     platform's $SPACES_ZERO_GPU in app.py): with the ``spaces`` package importable but the

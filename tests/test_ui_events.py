@@ -3,6 +3,7 @@ Stop also cancels queued runs, and no handler runs on the server's event loop.""
 from __future__ import annotations
 
 import inspect
+import time
 
 import gradio as gr
 import pytest
@@ -191,14 +192,24 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=40.0) for s in steps]
         assert "machine was busy" in decode_tab.busy_note(st) and "40 ms here, 10 ms" in decode_tab.busy_note(st)
         assert "machine was busy" in decode_tab._metrics(st)
-        # a busy machine's page is drawn less often, the next round waiting longer for it
-        assert decode_tab.redraw_timing(st) == (decode_tab.BUSY_LIVE_SECONDS,
-                                                decode_tab.BUSY_SETTLE_SECONDS)
-        assert decode_tab.BUSY_LIVE_SECONDS > decode_tab.LIVE_SECONDS
-        assert decode_tab.BUSY_SETTLE_SECONDS > decode_tab.SETTLE_SECONDS
+        # a busy machine's page is drawn once more, to say so, then not until the race ends
+        assert decode_tab.draw_due(st, shown=None) and st.busy_told
+        assert "drawn again when the race ends" in decode_tab._live_outputs(st, ["clover", "ar"], 6)[
+            decode_tab.RUN_OUTPUTS.index("status")]
+        assert not decode_tab.draw_due(st, shown=None)
+        assert not decode_tab.draw_due(st, shown=time.monotonic() - 60)
+        st.stop = True  # ... but at once after Stop
+        assert decode_tab.draw_due(st, shown=time.monotonic())
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=12.0) for s in steps]
         assert decode_tab.busy_note(st) == "" and "machine was busy" not in decode_tab._metrics(st)
-        assert decode_tab.redraw_timing(st) == (decode_tab.LIVE_SECONDS, decode_tab.SETTLE_SECONDS)
+        quiet = decode_tab.RunState("clover", model_key="test-busy", runs=st.runs)
+        # a quiet machine's page is drawn at most every LIVE_SECONDS
+        assert decode_tab.draw_due(quiet, shown=None)
+        assert not decode_tab.draw_due(quiet, shown=time.monotonic())
+        assert decode_tab.draw_due(quiet, shown=time.monotonic() - decode_tab.LIVE_SECONDS)
+        assert not quiet.busy_told
+        quiet.threads = (1, 2)  # fewer threads at the start: busy from the first round
+        assert decode_tab.draw_due(quiet, shown=None) and not decode_tab.draw_due(quiet, shown=None)
     finally:
         registry.forget_model("test-busy")
 
