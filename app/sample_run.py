@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from app.registry import LoadedModel
 from app.settings import DEFAULT_MAX_NEW_TOKENS, parse_settings
 from clover.assets import assets_dir
 from clover.autotree import heads_digest
+from clover.machine import cpu_name
 from clover.methods import split_method
 from clover.trace import (GenerationResult, StepTrace, result_from_dict, result_to_dict,
                           step_from_dict, step_to_dict)
@@ -80,13 +80,7 @@ def _machine(loaded: LoadedModel) -> str:
 
     if loaded.target.device.type == "cuda":
         return torch.cuda.get_device_name(loaded.target.device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_name()
     threads = torch.get_num_threads()
     return f"{cpu} ({threads} thread{'s' if threads != 1 else ''})"
 

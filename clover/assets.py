@@ -1,5 +1,6 @@
 """Where things are: the shipped assets (trained heads, prompt sets, examples and
-figures), the repository's training data and the project's cache folder.
+figures), the repository's training data and the project's cache folder, with the
+JSON stores kept there (:func:`read_store`, :func:`write_record`).
 
 The one place that knows, and the one place that reads the environment variables that
 move them: every caller (CLI, heads, app, notebooks, training) asks :func:`assets_dir`,
@@ -90,3 +91,33 @@ def cache_root() -> Path:
     never anything in the work tree. (Unlike the folders above it need not exist yet.)"""
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else DEFAULT_CACHE_DIR
+
+
+def read_store(path: Path) -> dict:
+    """A JSON store's records under the cache folder (the auto trees', the calibration
+    texts', the CPU kernel layouts'): key -> record; an unreadable or foreign file counts
+    as empty."""
+    import json
+
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def write_record(path: Path, key: str, record: dict) -> None:
+    """Store one record under ``key`` in a JSON store (:func:`read_store`), atomically:
+    a temporary file, then a rename; a failure is logged, never raised."""
+    import json
+    import logging
+
+    try:
+        stored = read_store(path)
+        stored[key] = record
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        logging.getLogger(__name__).warning("could not write %s", path, exc_info=True)

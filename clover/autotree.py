@@ -40,7 +40,8 @@ from typing import Sequence
 import torch
 
 from clover.cache import buffered_cache, crop_cache
-from clover.machine import BUSY_OTHERS, load_snapshot, machine_busy, others_load
+from clover.assets import read_store, write_record
+from clover.machine import BUSY_OTHERS, cpu_name, load_snapshot, machine_busy, others_load
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -408,7 +409,7 @@ class _TextStore:
     """The calibration answers of one target on disk: a JSON file of records keyed by
     the target (name, fingerprint), the encoded prompts and the token count, each
     ``{prompt index: answer token ids}``, read and written as the auto-tree store is
-    (:func:`_read_store`, :func:`_write_record`)."""
+    (:func:`clover.assets.read_store`, :func:`clover.assets.write_record`)."""
 
     def __init__(self, path, target, encoded, tokens: int):
         import hashlib
@@ -424,7 +425,7 @@ class _TextStore:
         self.key = f"{target.name}|{fingerprint}|{h.hexdigest()[:16]}"
 
     def read(self) -> dict[int, list[int]] | None:
-        record = _read_store(self.path).get(self.key)
+        record = read_store(self.path).get(self.key)
         if not isinstance(record, dict):
             return None
         try:
@@ -433,7 +434,7 @@ class _TextStore:
             return None
 
     def write(self, answers: dict[int, list[int]]) -> None:
-        _write_record(self.path, self.key, {str(i): a for i, a in answers.items()})
+        write_record(self.path, self.key, {str(i): a for i, a in answers.items()})
 
 
 def auto_tree(target, heads, base: TreeConfig | None = None, budgets=BUDGETS,
@@ -591,16 +592,9 @@ def calibration_key(target, heads, base: TreeConfig, batch_size: int = 1) -> str
     the versions of torch, transformers and this library, the target's CPU linear kernels
     (``TargetModel.linear_kernels_text``), how budgets are timed (:data:`TIMING`), and the
     batch size (named only above 1)."""
-    import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    cpu = platform.processor() or platform.machine()
-    try:  # the model name of the CPU where Linux says it
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_name()
     device = str(target.device)
     if target.device.type == "cuda":
         device += ":" + torch.cuda.get_device_name(target.device)
@@ -749,7 +743,7 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
     path = Path(path or cache_root() / "autotree.json")
     key = calibration_key(target, heads, base, batch_size)
     family = calibration_family(target, heads, base, batch_size)
-    stored = _read_store(path)
+    stored = read_store(path)
     found = Calibration.from_record(base, stored.get(key))
     if found is not None and not recalibrate and not found.provisional:
         return found
@@ -783,7 +777,7 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
                       else "")
     keep_quiet = found is not None and not found.provisional  # never replace a quiet choice by a busy one
     if report.budgets and not (provisional and keep_quiet):
-        _write_record(path, key, {"budget": 0 if tree.off else tree.budget,
+        write_record(path, key, {"budget": 0 if tree.off else tree.budget,
                                   "plain_ms": round(report.plain_ms, 3),
                                   "expected": round(report.expected, 4),
                                   "best_budget": report.best_budget,
@@ -792,36 +786,6 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
                                   else round(report.others_load, 2),
                                   "provisional": provisional, "family": family})
     return cal
-
-
-def _read_store(path) -> dict:
-    """A JSON store's records (the auto trees', the calibration texts'); an unreadable or
-    foreign file counts as empty."""
-    import json
-
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return stored if isinstance(stored, dict) else {}
-
-
-def _write_record(path, key: str, record: dict) -> None:
-    """Store one record under ``key`` in a JSON store (the auto trees', the calibration
-    texts'), atomically: a temporary file, then a rename; a failure is logged, never
-    raised."""
-    import json
-    import os
-
-    try:
-        stored = _read_store(path)
-        stored[key] = record
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stored, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        log.warning("could not write %s", path, exc_info=True)
 
 
 def stored_auto_tree(target, heads, base: TreeConfig | None = None, path=None,

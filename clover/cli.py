@@ -27,11 +27,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-RECALIBRATE_HELP = ("measure the auto tree again: the measured budget is kept in "
-                    "~/.cache/clover-studio/autotree.json ($CLOVER_CACHE_DIR), keyed by target, "
-                    "heads, device, dtype, threads and library versions, and reused (one measured "
-                    "while the machine was busy, or under other settings, stands in until a quiet "
-                    "machine measures it again)")
+RECALIBRATE_HELP = ("measure the auto tree and the CPU linear kernels again: the measured "
+                    "budget is kept in ~/.cache/clover-studio/autotree.json ($CLOVER_CACHE_DIR), "
+                    "keyed by target, heads, device, dtype, threads and library versions, and "
+                    "reused (one measured while the machine was busy, or under other settings, "
+                    "stands in until a quiet machine measures it again); the kernels, timed on a "
+                    "quiet machine, in kernels.json beside it")
 
 
 def attribute_help(doc: str) -> dict[str, str]:
@@ -301,7 +302,8 @@ def cmd_generate(args) -> int:
                 print(f"note: other processes keep the CPUs busy: using {threads} of "
                       f"{torch.get_num_threads()} torch threads (--threads to choose)", file=sys.stderr)
             torch.set_num_threads(threads)
-    target = load_target(args.model, device=args.device, dtype=args.dtype)
+    target = load_target(args.model, device=args.device, dtype=args.dtype,
+                         linear_layout="retime" if args.recalibrate else None)
     method = lookup_method(args.method, args.lookup)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.raw)
     sizing = SizingProgress(args.quiet)
@@ -507,7 +509,8 @@ def cmd_bench(args) -> int:
     if not charts_available():  # said before the run, not after it
         print(f"note: {CHARTS_MISSING}", file=sys.stderr)
     warn_if_busy()
-    target = load_target(args.model, device=args.device, dtype=args.dtype)
+    target = load_target(args.model, device=args.device, dtype=args.dtype,
+                         linear_layout="retime" if args.recalibrate else None)
 
     def build(batch_size: int, reuse: dict | None = None) -> dict:
         """The engine of every method, an "auto" tree and lookup cost curve sized for

@@ -14,6 +14,21 @@ import torch
 BUSY_OTHERS = 0.5
 
 
+def cpu_name() -> str:
+    """The processor's model name, as Linux's ``/proc/cpuinfo`` gives it ("AMD EPYC
+    7B13"), else :func:`platform.processor` or the architecture: what stored timings
+    (the auto tree's, the kernel layout's) and recorded runs name the machine by."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), cpu)
+    except OSError:
+        return cpu
+
+
 def load_snapshot() -> tuple[float, float, float] | None:
     """(CPU-seconds the whole machine has been busy, CPU-seconds of this process, a
     monotonic clock in s), for :func:`others_load`; None where Linux's ``/proc/stat`` cannot

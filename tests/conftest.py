@@ -35,10 +35,12 @@ from clover.tree import Tree
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
-    """The auto tree sizes as on a quiet machine whatever else runs beside the tests (a
-    busy one is sized in bounded time over fewer budgets, stored as provisional): a test
-    of that behaviour sets ``clover.autotree.machine_busy`` itself."""
+    """The auto tree sizes (and the CPU kernels are chosen) as on a quiet machine whatever
+    else runs beside the tests (a busy one is sized in bounded time over fewer budgets,
+    stored as provisional; a busy one's kernel timings are not stored): a test of that
+    behaviour sets ``machine_busy`` itself."""
     monkeypatch.setattr("clover.autotree.machine_busy", lambda: False)
+    monkeypatch.setattr("clover.models.kernel_store.machine_busy", lambda: False)
 
 
 def tiny_tokenizer(vocab_size: int):

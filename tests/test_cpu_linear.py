@@ -247,9 +247,9 @@ def test_only_draft_heads_may_take_the_half_kernel(monkeypatch):
         parse_layout("half")
     timed = []
     real = lin.choose_layout
-    monkeypatch.setattr("clover.models.target.choose_layout",
-                        lambda m, **kw: timed.append((m, kw)) or real(m, repeats=1, **kw))
-    monkeypatch.setenv("CLOVER_CPU_KERNELS", "auto")
+    monkeypatch.setattr("clover.models.kernel_store.choose_layout",
+                        lambda m, **kw: timed.append((m, kw)) or real(m, **{**kw, "repeats": 1}))
+    monkeypatch.setenv("CLOVER_CPU_KERNELS", "retime")  # timed here, whatever is stored
     t = TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama")
     assert set(t.linear_kernels) <= set(KERNELS)
     heads = new_heads("clover", t, num_heads=2, draft_vocab=[2, 7, 11, 30, 64])
@@ -271,3 +271,63 @@ def test_only_draft_heads_may_take_the_half_kernel(monkeypatch):
     monkeypatch.setenv("CLOVER_CPU_KERNELS", "few-row")
     named = TargetModel(tiny_model("llama"), tiny_tokenizer(96), "tiny-llama")
     assert new_heads("medusa", named, num_heads=2).linear_kernels == named.linear_kernels
+
+
+def test_the_kernel_layout_is_timed_on_a_quiet_machine_once_and_remembered(tmp_path, monkeypatch):
+    """kernel_store.stored_layout: a quiet machine times once and stores; later loads use
+    the stored layout without timing (whatever the load); a busy machine with nothing
+    stored under its key takes the layout stored for the same weights at another thread
+    count, and with nothing at all times roughly and stores nothing; "retime" times and
+    stores again. Beside two CPU hogs three loads of the embedded model timed three
+    different layouts, three quiet loads the same one."""
+    import clover.models.kernel_store as ks
+    from clover.kernels.linear import use_few_row_linears
+
+    store = tmp_path / "kernels.json"
+    timed = []
+
+    def fake_choose(module, repeats=3, kernels=KERNELS, extra=()):
+        timed.append(repeats)
+        layout = (("plain",) if len(timed) % 2 else ("packed",)) * MAX_ROWS
+        return ks.apply_layout(module, layout)
+
+    monkeypatch.setattr(ks, "choose_layout", fake_choose)
+
+    def model():
+        return use_few_row_linears(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)))
+
+    busy = [False]
+    monkeypatch.setattr(ks, "machine_busy", lambda: busy[0])
+    first = ks.stored_layout(model(), path=store)
+    assert first == ("plain",) * MAX_ROWS and timed == [3]
+    again = model()
+    assert ks.stored_layout(again, path=store) == first and timed == [3]  # not timed again
+    assert all(m.kernels == first for m in again.modules() if isinstance(m, FewRowLinear))
+    busy[0] = True
+    assert ks.stored_layout(model(), path=store) == first and timed == [3]
+    # another thread count on a busy machine: the stored one of the same weights
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert ks.stored_layout(model(), path=store) == first and timed == [3]
+        busy[0] = False  # quiet: timed for this thread count and stored
+        assert ks.stored_layout(model(), path=store) == ("packed",) * MAX_ROWS and timed == [3, 3]
+    finally:
+        torch.set_num_threads(threads)
+    # other weights, busy, nothing stored for them: timed once, roughly, not stored
+    busy[0] = True
+    other = use_few_row_linears(nn.Sequential(nn.Linear(8, 24)))
+    ks.stored_layout(other, path=store)
+    assert timed[-1] == 1 and ks.layout_key(other)[0] not in ks.read_store(store)
+    # retime: timed again and stored over the old choice
+    busy[0] = False
+    n = len(timed)
+    assert ks.stored_layout(model(), path=store, retime=True) != first and len(timed) == n + 1
+    assert ks.stored_layout(model(), path=store) != first
+    # a damaged record is timed again
+    store.write_text('{"x": 1}')
+    ks.stored_layout(model(), path=store)
+    assert len(timed) == n + 2
+    # modules with nothing to time are left alone
+    monkeypatch.undo()
+    assert ks.stored_layout(nn.Sequential(nn.ReLU()), path=store) is None

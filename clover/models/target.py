@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from clover.kernels.attention import use_gqa_sdpa
-from clover.kernels.linear import (DRAFT_KERNELS, choose_layout, cpu_linear, describe_layout, parse_layout,
-                                   set_layout, use_few_row_linears)
+from clover.kernels.linear import (DRAFT_KERNELS, cpu_linear, describe_layout, parse_layout, set_layout,
+                                   use_few_row_linears)
 from clover.models.embedded import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, EMBEDDED_NAME, embedded_model_dir
 from clover.models.fingerprint import target_fingerprint
+from clover.models.kernel_store import stored_layout
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +136,16 @@ class TargetModel:
     computes: its ``nn.Linear`` layers become ``clover.kernels.linear.FewRowLinear`` (in the
     layout ``linear_layout`` names: a kernel ("few-row", "plain", "packed"), a pair of
     them for 1-2 and 3-16 rows ("few-row/packed"), or by default "auto", per row count
-    the kernel :func:`clover.kernels.linear.choose_layout` measures fastest here; the
-    kernel per row count in use is ``linear_kernels``) and, with
+    the kernel :func:`clover.kernels.linear.choose_layout` measured fastest on this
+    machine, timed once while it was quiet and remembered
+    (:func:`clover.models.kernel_store.stored_layout`; "retime": timed again and
+    stored); the kernel per row count in use is ``linear_kernels``) and, with
     grouped KV heads under SDPA, its attention becomes ``clover.kernels.attention``'s
     (``config._attn_implementation == "clover_sdpa"``); :meth:`adopt` gives draft heads
     the same linear layers.
 
     Raises:
-        ValueError: ``linear_layout`` is not "auto" or a layout
+        ValueError: ``linear_layout`` is not "auto", "retime" or a layout
             :func:`clover.kernels.linear.parse_layout` reads.
     """
 
@@ -153,7 +156,7 @@ class TargetModel:
         self.cpu_kernels = wanted if cpu_kernels is None else bool(cpu_kernels)
         from_env = not linear_layout
         linear_layout = linear_layout or layout
-        if self.cpu_kernels and linear_layout != "auto":
+        if self.cpu_kernels and linear_layout not in ("auto", "retime"):
             try:  # ValueError for an unknown one, naming where it came from
                 parse_layout(linear_layout)
             except ValueError as e:
@@ -161,10 +164,14 @@ class TargetModel:
         # the linear kernel in use per row count, 1..16 (None: the CPU kernels are off,
         # or there are no fp32 CPU linear layers to run them on)
         self.linear_kernels: tuple[str, ...] | None = None
-        self.linear_layout = linear_layout  # as asked: "auto" (timed here) or a named layout
+        self.retime_kernels = linear_layout == "retime"  # "auto", timed again and stored
+        if self.retime_kernels:
+            linear_layout = "auto"
+        self.linear_layout = linear_layout  # "auto" (stored or timed here) or a named layout
         if self.cpu_kernels:
-            self.linear_kernels = set_layout(use_few_row_linears(self.model), linear_layout,
-                                             repeats=_layout_repeats(linear_layout))
+            use_few_row_linears(self.model)
+            self.linear_kernels = (stored_layout(self.model, retime=self.retime_kernels)
+                                   if linear_layout == "auto" else set_layout(self.model, linear_layout))
             use_gqa_sdpa(self.model)
         self.tokenizer = tokenizer
         self.name = name
@@ -218,7 +225,8 @@ class TargetModel:
             if self.linear_layout == "auto":
                 projects = getattr(heads, "draft_vocab", None) is not None  # else the target's lm_head
                 extra = (heads.vocab_weight(self),) if projects else ()
-                kernels = choose_layout(heads, kernels=DRAFT_KERNELS, extra=extra) or kernels
+                kernels = stored_layout(heads, kernels=DRAFT_KERNELS, extra=extra,
+                                        retime=self.retime_kernels) or kernels
             for m in heads.modules():
                 if hasattr(m, "kernels"):
                     m.kernels = kernels
@@ -387,18 +395,6 @@ class TargetModel:
         return self.lm_head(hidden_post)
 
 
-def _layout_repeats(layout: str) -> int:
-    """Passes :func:`clover.kernels.linear.choose_layout` times the kernels over: 3, or
-    1 where other processes keep the CPUs busy (there each pass of every kernel at
-    every row count took about 8 s of a load beside two CPU hogs on a 2-core machine,
-    and a busy machine's timings are rough whatever their number)."""
-    if layout != "auto":
-        return 3
-    from clover.machine import machine_busy
-
-    return 1 if machine_busy() else 3
-
-
 def sliding_window(config) -> int | None:
     """The attention window W of a model with sliding-window layers (Mistral, Gemma 2/3,
     Qwen2 with ``use_sliding_window``), else None."""
@@ -426,7 +422,8 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 def load_target(model: str | None = None, device: str | None = None,
                 dtype: str | torch.dtype | None = None,
-                cache_dir: str | Path | None = None) -> TargetModel:
+                cache_dir: str | Path | None = None,
+                linear_layout: str | None = None) -> TargetModel:
     """Load a target model and its tokenizer.
 
     Args:
@@ -436,6 +433,8 @@ def load_target(model: str | None = None, device: str | None = None,
         dtype: "float32", "bfloat16", "float16" (default: fp32 on CPU, bf16/fp16 on CUDA).
         cache_dir: where the embedded model's converted copy lives
             (default :func:`cache_root`: ``$CLOVER_CACHE_DIR`` or ``~/.cache/clover-studio``).
+        linear_layout: :class:`TargetModel`'s (default from ``CLOVER_CPU_KERNELS``, else
+            "auto"; "retime" times the CPU kernels again).
     Raises:
         ValueError: from transformers when the checkpoint is not a causal LM; from us
             when its final norm cannot be found.
@@ -456,7 +455,7 @@ def load_target(model: str | None = None, device: str | None = None,
         name = Path(model).name if Path(model).is_dir() else model
     tokenizer = AutoTokenizer.from_pretrained(source)
     lm = AutoModelForCausalLM.from_pretrained(source, dtype=dt).to(dev)
-    target = TargetModel(lm, tokenizer, name)
+    target = TargetModel(lm, tokenizer, name, linear_layout=linear_layout)
     if isinstance(source, Path):
         target.loaded_from = "embedded GGUF copy"
     else:
