@@ -25,7 +25,7 @@ from app.registry import CORE_HEAD_KINDS, LoadedModel, get_model, loaded_model
 from app.settings import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, auto_tree, parse_settings
 from clover import TreeConfig
 from clover.assets import assets_dir
-from clover.autotree import BUSY_SPREAD
+from clover.machine import busy
 from clover.engine import NonFiniteLogitsError
 from clover.methods import ALL_METHODS, METHOD_LABELS, split_method
 
@@ -199,10 +199,10 @@ def speed_card(steps: list, baseline: list | None, is_baseline: bool,
 
 
 def busy_note(state: RunState) -> str:
-    """A warning when the machine was busy during the run: plain decoding's median step
-    (engine time) over :data:`clover.autotree.BUSY_SPREAD` times the quiet plain step the start-up
-    calibration measured (:meth:`app.sizing.TreeSizing.plain_step_ms`); "" otherwise,
-    or where either is unknown."""
+    """A warning when the machine was busy during the run (:func:`clover.machine.busy` of
+    plain decoding's median step, engine time, against the quiet plain step the start-up
+    calibration measured, :meth:`app.sizing.TreeSizing.plain_step_ms`); "" otherwise, or
+    where either is unknown."""
     plain = state.runs.get("ar") or []
     if len(plain) < 3 or state.model_key is None or state.recorded:
         return ""
@@ -213,7 +213,7 @@ def busy_note(state: RunState) -> str:
     if not quiet:
         return ""
     typical = statistics.median(engine_ms(s) for s in plain)
-    if typical <= BUSY_SPREAD * quiet:
+    if not busy(typical_ms=typical, quiet_ms=quiet):
         return ""
     return (f"The machine was busy during this run: a plain step took {typical:.0f} ms here, "
             f"{quiet:.0f} ms when quiet, so these ratios are less certain (the methods ran in "

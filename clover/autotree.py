@@ -41,7 +41,8 @@ import torch
 
 from clover.cache import buffered_cache, crop_cache
 from clover.assets import read_store, write_record
-from clover.machine import BUSY_OTHERS, cpu_name, load_snapshot, machine_busy, others_load
+from clover import machine
+from clover.machine import cpu_name, load_snapshot, machine_busy, others_load
 from clover.engine import Engine, verify_inputs
 from clover.heads.drafter import draft_rows, observe_rows
 from clover.models import encode_prompt
@@ -96,11 +97,6 @@ TIE_MARGIN = 0.03
 TIMING = 5
 
 
-# A plain step's median over its quiet floor (its fastest repeat here; the calibrated step
-# in the app's cards, the 5th percentile in clover.bench) above which the machine counts
-# as busy while timing: idle, the repeats of a calibration on this 2-core CPU spread by 1.03-1.51x
-# (a one-token forward after larger ones); with two CPU-bound processes beside it, 1.5-2.3x.
-BUSY_SPREAD = 1.5
 
 
 @dataclass
@@ -116,8 +112,8 @@ class AutoTreeReport:
         best_budget: the budget :func:`pick_budget` takes, even when no tree is used.
         spread: a plain step's median over its fastest repeat while timing (1.0 = steady).
         others_load: CPUs' worth of work other processes did while timing (None: unknown).
-        Above :data:`BUSY_SPREAD` or :data:`BUSY_OTHERS` the machine was busy, and the
-        choice is stored as provisional (:func:`calibrate`).
+        Where :func:`clover.machine.busy` says so of them, the machine was busy, and
+        the choice is stored as provisional (:func:`calibrate`).
     """
 
     budgets: list[int]
@@ -134,9 +130,9 @@ class AutoTreeReport:
 
     @property
     def busy(self) -> bool:
-        """Whether the machine was busy while timing: ``spread`` over :data:`BUSY_SPREAD`,
-        or other processes using over :data:`BUSY_OTHERS` CPUs."""
-        return self.spread > BUSY_SPREAD or (self.others_load or 0.0) > BUSY_OTHERS
+        """Whether the machine was busy while timing (:func:`clover.machine.busy` of
+        ``others_load`` and ``spread``)."""
+        return machine.busy(self.others_load, self.spread, 1.0)
 
 
 def greedy_accepted_length(tree: Tree, keep: set[int], truth: list[int]) -> int:

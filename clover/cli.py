@@ -478,10 +478,10 @@ def warn_if_busy(window_s: float = 0.3) -> None:
     """Warn when other processes keep the CPUs busy before a benchmark: its ratios hold
     (the methods run in lockstep) but its times do not, and with several torch threads
     each waits for the one the scheduler paused (``--threads 1`` is faster there)."""
-    from clover.machine import BUSY_OTHERS, others_cpu_load
+    from clover.machine import busy, others_cpu_load
 
     others = others_cpu_load(window_s)
-    if others is not None and others > BUSY_OTHERS:
+    if busy(others):
         logging.getLogger("clover").warning(
             "other processes are using %.1f of %d CPUs: the benchmark's times will be slow and "
             "noisy (its speedups, methods raced in lockstep, less so); with that load, --threads 1 "

@@ -12,6 +12,23 @@ import torch
 # (measured directly from /proc/stat where Linux offers it): the spread alone overlaps,
 # 1.03-1.51x idle against 1.48-2.34x beside two CPU-bound processes
 BUSY_OTHERS = 0.5
+# a typical step's time over its quiet time (a calibration's median over its fastest
+# repeat, a run's median plain step over the start-up's quiet one, or the 5th percentile
+# in clover.bench) above which the machine was busy: idle, the repeats of a calibration
+# on this 2-core CPU spread by 1.03-1.51x (a one-token forward after larger ones); with
+# two CPU-bound processes beside it, 1.5-2.3x
+BUSY_SPREAD = 1.5
+
+
+def busy(others_load: float | None = None, typical_ms: float | None = None,
+         quiet_ms: float | None = None) -> bool:
+    """The one test of a busy machine: other processes did over :data:`BUSY_OTHERS`
+    CPUs' worth of work (``others_load``, :func:`others_load`), or steps typically took
+    over :data:`BUSY_SPREAD` times their quiet time (``typical_ms`` over ``quiet_ms``,
+    any unit). A figure that is None (unknown) counts as quiet."""
+    if others_load is not None and others_load > BUSY_OTHERS:
+        return True
+    return bool(typical_ms and quiet_ms) and typical_ms > BUSY_SPREAD * quiet_ms
 
 
 def cpu_name() -> str:
@@ -63,12 +80,10 @@ def others_cpu_load(window_s: float = 0.15) -> float | None:
     return others_load(start, load_snapshot())
 
 
-def machine_busy() -> bool:
-    """Whether other processes keep the CPUs busy now (over :data:`BUSY_OTHERS` CPUs'
-    worth of work in a 0.15 s window, :func:`others_cpu_load`); False where that cannot
-    be read."""
-    others = others_cpu_load()
-    return others is not None and others > BUSY_OTHERS
+def machine_busy(window_s: float = 0.15) -> bool:
+    """Whether other processes keep the CPUs busy now (:func:`busy` of
+    :func:`others_cpu_load` over ``window_s``); False where that cannot be read."""
+    return busy(others_cpu_load(window_s))
 
 
 def threads_for_load(threads: int | None = None) -> int | None:

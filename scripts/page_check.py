@@ -1,7 +1,7 @@
 """The page's speed cards against ``clover bench`` on the same prompt and tree.
 
     python scripts/page_check.py --rounds 3 --hogs 0 --out ~/.cache/clover-studio/page-check.json
-    python scripts/page_check.py --rounds 3 --hogs 2 --out ~/.cache/clover-studio/page-check-hogs.json
+    python scripts/page_check.py --rounds 5 --hogs 2 --out ~/.cache/clover-studio/page-check-hogs.json
 
 Starts the app on 127.0.0.1 with the embedded model, opens it in Debian's chromium (on
 the same machine, as a visitor trying it locally would), and ``--rounds`` times: runs

@@ -64,8 +64,8 @@ def test_auto_tree_on_a_tiny_model(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="resolve_tree"):
         Engine(target, heads, parse_tree_spec("auto"))
     store = tmp_path / "autotree.json"
-    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
-    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
+    monkeypatch.setattr("clover.machine.BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr("clover.machine.BUSY_OTHERS", float("inf"))
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store)
     assert not tree.auto and store.is_file()
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False)[0] == tree
@@ -188,8 +188,8 @@ def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
     assert at.calibration_key(target, heads, base) == at.calibration_key(target, heads, base, 1)
     assert at.calibration_key(target, heads, base, 4).endswith("|batch=4")
     store = tmp_path / "autotree.json"
-    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
-    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
+    monkeypatch.setattr("clover.machine.BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr("clover.machine.BUSY_OTHERS", float("inf"))
     tree, _ = resolve_tree(target, heads, parse_tree_spec("auto"), path=store, batch_size=4)
     assert not tree.auto
     assert resolve_tree(target, heads, parse_tree_spec("auto"), path=store, measure=False,
@@ -258,8 +258,8 @@ def test_one_calibrator_per_target_holds_every_measurement(monkeypatch, tmp_path
     from app import registry
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(at, "BUSY_SPREAD", float("inf"))  # stored however busy the machine is
-    monkeypatch.setattr(at, "BUSY_OTHERS", float("inf"))
+    monkeypatch.setattr("clover.machine.BUSY_SPREAD", float("inf"))  # stored however busy the machine is
+    monkeypatch.setattr("clover.machine.BUSY_OTHERS", float("inf"))
     timed = []
     real_time_forward = at.time_forward
 
@@ -421,3 +421,26 @@ def test_sizing_on_a_busy_machine_is_bounded(monkeypatch, tmp_path):
     assert took < 6.0 and report.budgets == [1, 2] and 1 <= rounds[0] < 500
     assert {"calibration text", "timing the budgets"} <= stages
     assert report.tau[0] >= 1.0 and took < 7 * 47 * 0.02  # unbounded: a 20-ms draft at each of 7 x 47 positions
+
+
+def test_a_busy_machine_has_one_definition():
+    """clover.machine.busy, the one test every caller asks (the auto tree's report, the
+    bench's load report, the app's busy note, the CLI's warning, the kernel store): other
+    processes' load over BUSY_OTHERS CPUs, or a typical step over BUSY_SPREAD times a
+    quiet one; unknown figures count as quiet."""
+    from clover.machine import BUSY_OTHERS, BUSY_SPREAD, busy
+    from dataclasses import replace
+
+    import clover.autotree as at
+    from clover.bench.report import load_report
+
+    assert not busy()
+    assert busy(others_load=BUSY_OTHERS + 0.1) and not busy(others_load=BUSY_OTHERS - 0.1)
+    assert busy(typical_ms=10 * BUSY_SPREAD + 1, quiet_ms=10)
+    assert not busy(typical_ms=10 * BUSY_SPREAD - 1, quiet_ms=10)
+    assert not busy(typical_ms=100, quiet_ms=None)
+    report = at.AutoTreeReport([1], [1.0], [1.0], [10.0], 10.0, 1, spread=BUSY_SPREAD + 0.1)
+    assert report.busy and not replace(report, spread=1.0).busy
+    assert replace(report, spread=1.0, others_load=BUSY_OTHERS + 0.1).busy
+    assert load_report([10.0] * 19 + [10.0] * 20)["busy"] is False
+    assert load_report([10.0] * 5 + [10.0 * BUSY_SPREAD + 1] * 35)["busy"] is True

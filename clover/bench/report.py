@@ -7,7 +7,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from clover.autotree import BUSY_SPREAD
+from clover.machine import busy
 from clover.bench.records import HF_GENERATE, TIME_PARTS, BenchConfig, RunRecord
 from clover.methods import METHOD_COLORS
 
@@ -16,14 +16,14 @@ log = logging.getLogger(__name__)
 
 def load_report(plain_step_ms: list[float]) -> dict | None:
     """How loaded the machine was during a run, from plain decoding's step times (ms):
-    their median, their quiet floor (the 5th percentile) and ``busy`` when the median is
-    over :data:`clover.autotree.BUSY_SPREAD` times the floor. None for fewer than 20 steps."""
+    their median, their quiet floor (the 5th percentile) and ``busy``, as
+    :func:`clover.machine.busy` says of the two. None for fewer than 20 steps."""
     if len(plain_step_ms) < 20:
         return None
     floor = statistics.quantiles(plain_step_ms, n=20)[0]
     median = statistics.median(plain_step_ms)
     return {"plain_step_ms_median": round(median, 3), "plain_step_ms_p05": round(floor, 3),
-            "busy": median > BUSY_SPREAD * floor}
+            "busy": busy(typical_ms=median, quiet_ms=floor)}
 
 
 def _ratios(rows: list[RunRecord], plain: dict) -> tuple[list[float], list[float]]:
