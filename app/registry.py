@@ -45,7 +45,7 @@ class LoadedModel:
         label: how the model is named in the UI.
         sizing: the auto tree of each head kind (:class:`app.sizing.TreeSizing`), the one
             part that changes after start-up (sized in the background); its measurements
-            live in the target's ``clover.autotree.Calibrator``.
+            live in the target's ``clover.calibration.Calibrator``.
     """
 
     key: str

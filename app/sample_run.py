@@ -21,7 +21,7 @@ from app import runner
 from app.registry import LoadedModel
 from app.settings import DEFAULT_MAX_NEW_TOKENS, parse_settings
 from clover.assets import assets_dir
-from clover.autotree import heads_digest
+from clover.calibration import heads_digest
 from clover.machine import cpu_name
 from clover.methods import split_method
 from clover.trace import (GenerationResult, StepTrace, result_from_dict, result_to_dict,
@@ -42,7 +42,7 @@ class SampleRun:
         results: per method, its result (``steps`` are ``runs[method]``).
         trees: per head method, the tree it used (``str`` of its TreeConfig).
         model: the target's name.
-        heads: per head kind, :func:`clover.autotree.heads_digest` of the heads recorded.
+        heads: per head kind, :func:`clover.calibration.heads_digest` of the heads recorded.
         recorded: when (UTC date), where (CPU or GPU, threads) and with which commit.
         max_new_tokens: the run's token limit.
     """

@@ -3,7 +3,7 @@ inside the engine), and the one piece of the app that changes after start-up.
 
 A :class:`TreeSizing` belongs to one loaded model (:class:`app.registry.LoadedModel`, which
 is otherwise only read). Its measurements live in the target's
-``clover.autotree.Calibrator`` (stored under ``$CLOVER_CACHE_DIR``, so a restart reads
+``clover.calibration.Calibrator`` (stored under ``$CLOVER_CACHE_DIR``, so a restart reads
 them instead of measuring); what lives here is whether a background measurement is
 running (an event and its engine-thread job) and how the app reads the measurements: the tree a
 run gets, the prompt lookup chain, the quiet plain-step time and the banner's line.
@@ -50,9 +50,9 @@ class TreeSizing:
 
     @property
     def calibrator(self):
-        """The target's ``clover.autotree.Calibrator`` (its store under
+        """The target's ``clover.calibration.Calibrator`` (its store under
         ``$CLOVER_CACHE_DIR``)."""
-        from clover.autotree import calibrator_for
+        from clover.calibration import calibrator_for
 
         return calibrator_for(self.target)
 
@@ -61,7 +61,7 @@ class TreeSizing:
 
     @property
     def calibrations(self) -> dict:
-        """Per head kind, the ``clover.autotree.Calibration`` of its auto tree, where the
+        """Per head kind, the ``clover.calibration.Calibration`` of its auto tree, where the
         calibrator holds one."""
         cals = {k: self.calibrator.known(self.heads[k], auto_tree()) for k in self._kinds()}
         return {k: c for k, c in cals.items() if c is not None}

@@ -295,7 +295,7 @@ class SpeedFacts:
     Attributes:
         costs: this machine's verify cost curve, ms of one target forward over 1, 2, ...
             tokens (measured at start-up for prompt lookup, see
-            ``clover.autotree.verify_costs``), or None where it was not measured.
+            ``clover.calibration.verify_costs``), or None where it was not measured.
         budget: the tree budget the run used (drafted tokens per step), None for no tree.
         auto: whether that budget was sized to this machine ("auto").
         device: "cpu" or "cuda".

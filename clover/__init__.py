@@ -9,7 +9,7 @@ from dataclasses import replace
 from clover.acceptance import SamplingConfig
 from clover.assets import assets_dir
 from clover.engine import Engine
-from clover.autotree import calibrator_for, resolve_tree
+from clover.calibration import calibrator_for, resolve_tree
 from clover.heads import HeadConfig, heads_for, load_heads, new_heads
 from clover.lookup import LookupConfig
 from clover.methods import ALL_METHODS, split_method
@@ -28,7 +28,7 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
     """The :class:`~clover.engine.Engine` of a method by name, ready to run: the heads
     :func:`clover.heads.heads_for` picks (``heads_dir``, else the shipped heads for this
     target, else fresh ones) and the tree setting resolved for this machine by
-    :func:`clover.autotree.resolve_tree` ("auto": the stored budget, else measured and
+    :func:`clover.calibration.resolve_tree` ("auto": the stored budget, else measured and
     stored, seconds on a CPU).
 
     Args:
@@ -38,7 +38,7 @@ def engine_for(method: str, target, tree=None, heads_dir: str | None = None, num
         recalibrate: measure the auto tree again even where one is stored.
         batch_size: size an "auto" tree for batches of this many rows.
         pad_verify: pad each one-row step's verification to the width this machine runs
-            fastest (:func:`clover.autotree.verify_widths`, measured once per target:
+            fastest (:func:`clover.calibration.verify_widths`, measured once per target:
             seconds on a CPU); the text is unchanged. A lookup chain sized by the verify
             cost curve is then sized by the padded steps' costs.
         progress: follows an auto tree's measurement, ``progress(what, done, total)``

@@ -248,7 +248,7 @@ def say_tree(target, heads, tree, quiet: bool, label: str = "") -> None:
     (``Calibration.describe``), unless ``quiet`` or the tree was not "auto"."""
     if quiet or heads is None or not tree.auto:
         return
-    from clover.autotree import calibrator_for
+    from clover.calibration import calibrator_for
 
     cal = calibrator_for(target).known(heads, tree)
     if cal is not None:

@@ -97,7 +97,7 @@ class Engine:
         tree: how each step's candidate tree is grown, a concrete tree (ignored for plain
             decoding; a tree of kind "off" drafts nothing, so the heads decode as plain
             decoding). The setting "auto" is resolved before, at the edges, by
-            ``clover.autotree.resolve_tree``.
+            ``clover.calibration.resolve_tree``.
         lookup: prompt lookup drafting (``clover.lookup``): alone (no heads) it is the
             method "lookup"; with heads it adds a lookup branch to their tree
             ("medusa+lookup", "clover+lookup"; sized per step, see
@@ -107,7 +107,7 @@ class Engine:
             over, the extra ones padding that attends only to itself (the logits, the
             KV cache kept and so the text are unchanged). On a CPU a forward over more
             tokens can cost less (e.g. 16 tokens less than 13); see
-            ``clover.autotree.verify_widths``, which measures the plan. Steps of more
+            ``clover.calibration.verify_widths``, which measures the plan. Steps of more
             tokens than the plan covers, and batched steps, are not padded.
     Raises:
         ValueError: when the heads do not fit the target, ``tree`` is still "auto", or
@@ -122,7 +122,7 @@ class Engine:
             target.capture_layers(heads.config.fuse_layers)  # the features they read
         if tree is not None and tree.auto:
             raise ValueError("the tree setting 'auto' is resolved before building an Engine: "
-                             "tree, lookup = clover.autotree.resolve_tree(target, heads, tree, lookup)")
+                             "tree, lookup = clover.calibration.resolve_tree(target, heads, tree, lookup)")
         self.target = target
         self.heads = heads
         self.tree = tree or TreeConfig()

@@ -16,7 +16,7 @@ Two ways to use it, both on the one engine (``clover.engine``):
   on this machine (:func:`plan_step`).
 
 The chain length adapts to this machine: with the verify cost curve ``costs`` (ms for a
-forward over 1, 2, ... tokens, from ``clover.autotree.verify_costs``) and the running
+forward over 1, 2, ... tokens, from ``clover.calibration.verify_costs``) and the running
 rate at which lookup tokens are accepted, it drafts the length that maximises expected
 tokens per ms, which on a CPU is often short and sometimes zero. Lookup tokens are
 deterministic proposals, so greedy and lossless sampling acceptance stay exact

@@ -85,7 +85,7 @@ class TreeConfig:
             ``min_ratio`` times its best sibling's.
         max_depth: deepest drafted level; None means one level per draft head.
         auto: size ``budget`` to the hardware and heads; resolved into a concrete tree
-            before an engine is built, by :func:`clover.autotree.resolve_tree` (the CLI,
+            before an engine is built, by :func:`clover.calibration.resolve_tree` (the CLI,
             bench, app and :func:`clover.engine_for` call it; ``Engine`` refuses an
             unresolved one). The other fields are the starting point.
     """
@@ -178,7 +178,7 @@ def parse_tree_spec(spec: str | None) -> TreeConfig:
     """Parse a tree spec from the CLI or the app.
 
     Accepted forms: ``"auto"`` (a dynamic tree sized for this machine by
-    :func:`clover.autotree.resolve_tree`),
+    :func:`clover.calibration.resolve_tree`),
     ``"off"`` (draft nothing),
     ``None`` or ``"dynamic"`` (defaults), ``"dynamic:budget=12,branching=4"``
     (any TreeConfig field of a dynamic tree), a preset name from :data:`STATIC_TREES`

@@ -134,7 +134,7 @@ def step_costs(device: str, dry: bool) -> dict:
     import torch
 
     from clover import new_heads
-    from clover.autotree import time_forward
+    from clover.timing import time_forward
     from clover.cache import new_cache
     from clover.tree import TreeConfig
 
@@ -173,7 +173,7 @@ def step_compiled(device: str, dry: bool, budget_s: float) -> dict:
     seconds. A mode that fails or runs past ``budget_s`` is recorded, not raised."""
     import torch
 
-    from clover.autotree import time_forward
+    from clover.timing import time_forward
 
     dtype = torch.float32 if dry else torch.bfloat16
     target = random_target(device, dtype, dry)

@@ -39,7 +39,7 @@ def quiet_machine(monkeypatch):
     else runs beside the tests (a busy one is sized in bounded time over fewer budgets,
     stored as provisional; a busy one's kernel timings are not stored): a test of that
     behaviour sets ``machine_busy`` itself."""
-    monkeypatch.setattr("clover.autotree.machine_busy", lambda: False)
+    monkeypatch.setattr("clover.calibration.machine_busy", lambda: False)
     monkeypatch.setattr("clover.models.kernel_store.machine_busy", lambda: False)
 
 

@@ -5,8 +5,11 @@ import pytest
 import torch
 
 from clover import Engine, TreeConfig, new_heads, parse_tree_spec
-from clover.autotree import (MIN_GAIN, TIE_MARGIN, auto_tree, budget_subtree, greedy_accepted_length, pool_size,
-                             resolve_tree, time_forward)
+import clover.calibration as calib
+import clover.timing as timing
+from clover.autotree import MIN_GAIN, TIE_MARGIN, auto_tree, budget_subtree, greedy_accepted_length, pool_size
+from clover.calibration import resolve_tree
+from clover.timing import time_forward
 from clover.tree import Tree, grow_dynamic
 from conftest import path_tokens, perturb, tiny_target
 
@@ -101,14 +104,12 @@ def test_verify_cost_curve_takes_the_quiet_floor_of_each_size(monkeypatch):
     """A slow spell in the middle of the timing (another tenant of a shared CPU) must not
     steepen the verify cost curve that sizes lookup chains: each size keeps its fastest
     call, while plain ``time_forward`` reports medians."""
-    import clover.autotree as at
-
     spells = [[30.0, 95.0, 31.0, 90.0, 32.0], [40.0, 210.0, 41.0, 200.0, 42.0]]
-    monkeypatch.setattr(at, "interleaved_ms", lambda fns, repeats, *_: [list(t) for t in spells])
+    monkeypatch.setattr(timing, "interleaved_ms", lambda fns, repeats, *_: [list(t) for t in spells])
     target = tiny_target("llama")
     assert time_forward(target, [1, 2], prefix_len=8) == [32.0, 42.0]
     assert time_forward(target, [1, 2], prefix_len=8, quiet=True) == [30.0, 40.0]
-    assert at.calibrator_for(target).verify_costs(2) == [30.0, 40.0]
+    assert calib.calibrator_for(target).verify_costs(2) == [30.0, 40.0]
 
 
 def _scripted_time(plain_ms, other_ms):
@@ -133,9 +134,9 @@ def test_auto_tree_turns_speculation_off_when_nothing_pays(monkeypatch, tmp_path
     assert out.token_ids == Engine(target).generate([5, 6, 7], 12).token_ids
     assert all(len(s.nodes) == 1 for s in out.steps)  # nothing drafted
     # stored as "off" and read back as off
-    assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
+    assert calib.stored_auto_tree(target, heads, path=tmp_path / "a.json").off
     monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))  # drafting is nearly free
-    assert at.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
+    assert calib.stored_auto_tree(target, heads, path=tmp_path / "a.json").off  # the stored choice
     tree, report = at.auto_tree(target, heads, repeats=1)
     assert tree.kind == "dynamic" and report.chosen == tree.budget >= 1
     assert parse_tree_spec("off").off and parse_tree_spec("off").describe().startswith("speculation off")
@@ -185,8 +186,8 @@ def test_auto_tree_per_batch_size(tmp_path, monkeypatch):
                             batch_size=4)
     assert report.budgets == [1, 4, 16] and all(v > 0 for v in report.verify_ms) and not cfg.auto
     base = TreeConfig()
-    assert at.calibration_key(target, heads, base) == at.calibration_key(target, heads, base, 1)
-    assert at.calibration_key(target, heads, base, 4).endswith("|batch=4")
+    assert calib.calibration_key(target, heads, base) == calib.calibration_key(target, heads, base, 1)
+    assert calib.calibration_key(target, heads, base, 4).endswith("|batch=4")
     store = tmp_path / "autotree.json"
     monkeypatch.setattr("clover.machine.BUSY_SPREAD", float("inf"))  # stored however busy the machine is
     monkeypatch.setattr("clover.machine.BUSY_OTHERS", float("inf"))
@@ -211,32 +212,32 @@ def test_a_busy_calibration_is_stored_as_provisional_until_a_quiet_one_replaces_
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
     store = tmp_path / "autotree.json"
-    key = at.calibration_key(target, heads, TreeConfig())
+    key = calib.calibration_key(target, heads, TreeConfig())
 
     def busy(fns, repeats, *_):  # the plain step's repeats: 10 ms at best, 30 ms typically
         return [[10.0] + [30.0] * (repeats - 1)] + [[0.01] * repeats] * (len(fns) - 1)
     monkeypatch.setattr(at, "interleaved_ms", busy)
-    monkeypatch.setattr(at, "machine_busy", lambda: False)
-    cal = at.calibrate(target, heads, path=store)
+    monkeypatch.setattr(calib, "machine_busy", lambda: False)
+    cal = calib.calibrate(target, heads, path=store)
     assert cal.busy and cal.provisional and not cal.stored and cal.tree.kind == "dynamic" and cal.plain_ms == 10.0
     record = json.loads(store.read_text())[key]
     assert record["provisional"] is True and record["spread"] == 3.0
-    monkeypatch.setattr(at, "machine_busy", lambda: True)
+    monkeypatch.setattr(calib, "machine_busy", lambda: True)
     monkeypatch.setattr(at, "interleaved_ms", lambda *a: pytest.fail("a busy machine measured again"))
-    held = at.calibrate(target, heads, path=store)  # busy still: the provisional choice, at once
+    held = calib.calibrate(target, heads, path=store)  # busy still: the provisional choice, at once
     assert held.stored and held.provisional and held.tree == cal.tree and "busy" in held.note
     assert "provisional" in held.describe() and held.describe().startswith("auto tree: ")
-    assert at.calibrate(target, heads, path=store, measure=False).provisional
-    monkeypatch.setattr(at, "machine_busy", lambda: False)  # quiet now: measured again
+    assert calib.calibrate(target, heads, path=store, measure=False).provisional
+    monkeypatch.setattr(calib, "machine_busy", lambda: False)  # quiet now: measured again
     monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))  # steady
-    cal = at.calibrate(target, heads, path=store)
+    cal = calib.calibrate(target, heads, path=store)
     assert not cal.busy and not cal.provisional and cal.expected > 1 and not cal.note
-    again = at.calibrate(target, heads, path=store, measure=False)
+    again = calib.calibrate(target, heads, path=store, measure=False)
     assert again.stored and not again.provisional and again.tree == cal.tree and again.plain_ms == 10.0
     record = json.loads(store.read_text())[key]
     assert record["budget"] == cal.tree.budget and record["spread"] == 1.0 and record["provisional"] is False
     monkeypatch.setattr(at, "interleaved_ms", busy)  # a busy --recalibrate keeps the quiet choice stored
-    assert at.calibrate(target, heads, path=store, recalibrate=True).provisional
+    assert calib.calibrate(target, heads, path=store, recalibrate=True).provisional
     assert json.loads(store.read_text())[key]["provisional"] is False
     # other processes' CPU time, read from /proc/stat around the timings, also says busy
     report = at.AutoTreeReport([1], [1.0], [1.0], [1.0], 10.0, 1, spread=1.0, others_load=1.8)
@@ -245,7 +246,7 @@ def test_a_busy_calibration_is_stored_as_provisional_until_a_quiet_one_replaces_
     assert at.others_load((10.0, 1.0, 100.0), (10.1, 1.0, 100.01)) is None  # too short to tell
     assert at.others_load(None, at.load_snapshot()) is None
     store.write_text(json.dumps({key: 0}))  # an older version's bare budget: "off"
-    old = at.calibrate(target, heads, path=store, measure=False)
+    old = calib.calibrate(target, heads, path=store, measure=False)
     assert old.tree.off and old.stored and old.plain_ms is None
 
 
@@ -261,36 +262,36 @@ def test_one_calibrator_per_target_holds_every_measurement(monkeypatch, tmp_path
     monkeypatch.setattr("clover.machine.BUSY_SPREAD", float("inf"))  # stored however busy the machine is
     monkeypatch.setattr("clover.machine.BUSY_OTHERS", float("inf"))
     timed = []
-    real_time_forward = at.time_forward
+    real_time_forward = calib.time_forward
 
     def counting(target, sizes, **kw):
         timed.append(tuple(sizes))
         return real_time_forward(target, sizes, prefix_len=8, repeats=1, batch_size=kw.get("batch_size", 1))
 
-    monkeypatch.setattr(at, "time_forward", counting)
+    monkeypatch.setattr(calib, "time_forward", counting)
     target = tiny_target("llama", vocab_size=64)
-    cal = at.calibrator_for(target)
-    assert at.calibrator_for(target) is cal and cal.path == tmp_path / "cache" / "autotree.json"
+    cal = calib.calibrator_for(target)
+    assert calib.calibrator_for(target) is cal and cal.path == tmp_path / "cache" / "autotree.json"
     assert cal.known_costs() is None
     from clover.lookup import LookupConfig
 
-    first = at.sized_lookup(target)
+    first = calib.sized_lookup(target)
     assert len(first.costs) == LookupConfig().max_tokens + 1 and len(timed) == 1
-    assert at.resolve_tree(target, None, TreeConfig(auto=True), LookupConfig())[1] == first
+    assert calib.resolve_tree(target, None, TreeConfig(auto=True), LookupConfig())[1] == first
     assert len(timed) == 1 and cal.known_costs() == first.costs  # timed once, held
     assert list(first.costs) == sorted(first.costs)  # made non-decreasing
 
     heads = new_heads("clover", target, num_heads=2)
-    monkeypatch.setattr(at, "auto_tree", lambda t, h, base=None, **kw: (
+    monkeypatch.setattr(calib, "auto_tree", lambda t, h, base=None, **kw: (
         replace_budget(base, 3), at.AutoTreeReport([1, 3], [1.0, 2.0], [1.0, 1.0], [10.0, 11.0],
                                                    10.0, 3, expected=1.5, best_budget=3)))
-    tree, _ = at.resolve_tree(target, heads, TreeConfig(auto=True))
+    tree, _ = calib.resolve_tree(target, heads, TreeConfig(auto=True))
     assert tree.budget == 3 and not tree.auto and cal.known(heads).tree == tree
 
     def no_more(*a, **k):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(at, "auto_tree", no_more)
+    monkeypatch.setattr(calib, "auto_tree", no_more)
     loaded = registry.register_model("test-one-home", target, heads={"clover": heads, "medusa": None},
                                      warm_up=False)
     try:
@@ -300,7 +301,7 @@ def test_one_calibrator_per_target_holds_every_measurement(monkeypatch, tmp_path
         assert loaded.sizing.plain_step_ms() == 10.0
     finally:
         registry.forget_model("test-one-home")
-    other = at.calibrator_for(target, tmp_path / "other.json")
+    other = calib.calibrator_for(target, tmp_path / "other.json")
     assert other is not cal and other.known(heads) is None and other.known_costs() is None
 
 
@@ -311,7 +312,7 @@ def replace_budget(base, budget):
 
 
 def test_padded_widths_pad_only_where_a_wider_forward_is_clearly_cheaper():
-    from clover.autotree import padded_widths
+    from clover.timing import padded_widths
 
     # a CPU's shape: 13-15 tokens dearer than 16; 7 a little dearer than 8 (under 5%)
     costs = [33, 34, 41, 42, 48, 56, 65, 62, 76, 88, 96, 94, 114, 116, 137, 80, 99, 96]
@@ -372,18 +373,18 @@ def test_a_choice_stored_under_other_settings_stands_in_while_the_machine_is_bus
     target = tiny_target("llama", vocab_size=64)
     heads = new_heads("clover", target, num_heads=2)
     store = tmp_path / "autotree.json"
-    family = at.calibration_family(target, heads, TreeConfig())
-    key = at.calibration_key(target, heads, TreeConfig())
+    family = calib.calibration_family(target, heads, TreeConfig())
+    key = calib.calibration_key(target, heads, TreeConfig())
     other = key.replace("timing=", "timing=old")
     store.write_text(json.dumps({other: {"budget": 3, "family": family, "date": "2026-12-01T00:00:00+00:00"},
                                  "elsewhere": {"budget": 9, "family": "other heads"}}))
-    monkeypatch.setattr(at, "machine_busy", lambda: True)
+    monkeypatch.setattr(calib, "machine_busy", lambda: True)
     monkeypatch.setattr(at, "interleaved_ms", lambda *a: pytest.fail("measured on a busy machine"))
-    cal = at.calibrate(target, heads, path=store)
+    cal = calib.calibrate(target, heads, path=store)
     assert cal.tree.budget == 3 and cal.stored and "other settings" in cal.note
     store.write_text(json.dumps({"elsewhere": {"budget": 9, "family": "other heads"}}))
     monkeypatch.setattr(at, "interleaved_ms", _scripted_time(10.0, 0.01))
-    cal = at.calibrate(target, heads, path=store)  # nothing of these heads: measured, bounded, provisional
+    cal = calib.calibrate(target, heads, path=store)  # nothing of these heads: measured, bounded, provisional
     assert not cal.stored and cal.provisional and json.loads(store.read_text())[key]["family"] == family
 
 

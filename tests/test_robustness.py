@@ -169,7 +169,8 @@ def test_cli_refuses_beyond_a_sliding_window(tmp_path, capsys):
 def test_auto_tree_fits_a_short_learned_context():
     """GPT-2-style learned positions (here 64): calibration and timing stay inside them."""
     from clover import new_heads
-    from clover.autotree import auto_tree, time_forward
+    from clover.autotree import auto_tree
+    from clover.timing import time_forward
     from clover.models import TargetModel
     from conftest import tiny_model
 

@@ -29,6 +29,7 @@ def own_auto_tree_store(tmp_path, monkeypatch):
     auto tree always drafts: whether untrained heads on a tiny model clear the auto
     tree's margin (MIN_GAIN) is the machine's load, not what these tests check."""
     import clover.autotree
+    import clover.calibration
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(clover.autotree, "interleaved_ms",
@@ -216,6 +217,7 @@ def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
     costs 20x a plain step), "auto" in the app still drafts the smallest tree, and the
     banner says why, with the figures; the calibration itself stays "off" (CLI, bench)."""
     import clover.autotree
+    import clover.calibration
 
     monkeypatch.setattr(clover.autotree, "interleaved_ms",
                         lambda fns, repeats, *_: [[10.0] * repeats] + [[100.0] * repeats] * (len(fns) - 1))
@@ -237,6 +239,7 @@ def test_auto_never_turns_speculation_off_in_the_app(monkeypatch):
 
 def test_auto_tree_is_measured_once_per_method(monkeypatch):
     import clover.autotree
+    import clover.calibration
 
     target = tiny_target("llama", vocab_size=64)
     loaded = registry.register_model("test-auto", target, warm_up=True)
@@ -248,7 +251,7 @@ def test_auto_tree_is_measured_once_per_method(monkeypatch):
     def no_more(*a, **k):
         raise AssertionError("measured twice")
 
-    monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
+    monkeypatch.setattr(clover.calibration, "auto_tree", no_more)
     assert loaded.sizing.tree_for("clover", app_settings.tree_config("auto")) == loaded.sizing.auto_trees["clover"]
     fixed = app_settings.tree_config("6")
     assert loaded.sizing.tree_for("clover", fixed) == fixed
@@ -405,6 +408,7 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     until the measurement lands, and a method already sized never waits for the others'
     measurement; the measured budget is stored and reused next start."""
     import clover.autotree
+    import clover.calibration
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
     gates, measured = [threading.Event(), threading.Event()], []  # one per measurement
@@ -415,7 +419,7 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
         measured.append(heads)
         return real(target, heads, base, repeats=1, **kw)
 
-    monkeypatch.setattr(clover.autotree, "auto_tree", slow)
+    monkeypatch.setattr(clover.calibration, "auto_tree", slow)
     target = tiny_target("llama", vocab_size=64)
     heads = {"medusa": new_heads("medusa", target), "clover": new_heads("clover", target)}
     loaded = registry.register_model("test-bg", target, heads=dict(heads), warm_up="background")
@@ -444,11 +448,11 @@ def test_start_up_does_not_wait_for_the_auto_tree(monkeypatch, tmp_path):
     def no_more(*a, **k):
         raise AssertionError("measured again despite the stored calibration")
 
-    monkeypatch.setattr(clover.autotree, "auto_tree", no_more)
+    monkeypatch.setattr(clover.calibration, "auto_tree", no_more)
     again = registry.register_model("test-bg2", target, heads=dict(heads), warm_up="background")
     assert not again.sizing.calibrating.is_set() and again.sizing.auto_trees == loaded.sizing.auto_trees
     other = registry.register_model("test-bg3", target, warm_up=False)  # other weights
-    assert clover.autotree.stored_auto_tree(target, other.heads["clover"], measure=False) is None
+    assert clover.calibration.stored_auto_tree(target, other.heads["clover"], measure=False) is None
     for key in ("test-bg", "test-bg2", "test-bg3"):
         registry.forget_model(key)
 

@@ -9,7 +9,7 @@ few-row 2, packed 3-7, plain 8-11, packed 12-16") where three quiet loads each c
 "few-row 1-2, packed 3-16" (2026-12-07). A layout timed under load runs the tree's
 verify forward on a slower kernel, so a benchmark started on a busy machine timed other
 kernels than an app loaded while it was quiet, and every stored auto tree (keyed by the
-target's kernels, :func:`clover.autotree.calibration_key`) was measured again.
+target's kernels, :func:`clover.calibration.calibration_key`) was measured again.
 
 So a layout timed on a quiet machine is stored (``$CLOVER_CACHE_DIR/kernels.json``)
 under what it depends on (:func:`layout_key`: the processor, the torch thread count and
