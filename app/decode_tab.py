@@ -26,7 +26,7 @@ from app.settings import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, auto_tree, pars
 from clover import TreeConfig
 from clover.assets import assets_dir
 from clover.machine import busy
-from clover.engine import NonFiniteLogitsError
+from clover.requests import NonFiniteLogitsError
 from clover.methods import ALL_METHODS, METHOD_LABELS, split_method
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from clover import Engine, SamplingConfig, TreeConfig, encode_prompt
-from clover.engine import lockstep, validate_request
+from clover.methods import lockstep
+from clover.requests import validate_request
 from clover.methods import split_method, with_lookup
 from clover.trace import GenerationResult, StepTrace
 
@@ -170,7 +171,7 @@ def _events(methods: list[str], loaded: LoadedModel, settings: Settings,
             prompt_ids: Sequence[int],
             pause: Callable[[], bool] | None = None) -> Iterator[RunEvent]:
     """The runs of ``methods`` advanced one step each in turn
-    (:func:`clover.engine.lockstep`), as events, in batches ending where ``pause()``
+    (:func:`clover.methods.lockstep`), as events, in batches ending where ``pause()``
     says (see :func:`run_methods`)."""
     runs = {m: decode(loaded.key, m, list(prompt_ids), settings.max_new_tokens,
                       settings.sampling, settings.tree) for m in methods}

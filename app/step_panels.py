@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 

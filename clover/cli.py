@@ -590,7 +590,7 @@ def main(argv=None) -> int:
                 "bench": cmd_bench}
     if args.command != "generate":
         logging.getLogger("clover").setLevel(logging.INFO)
-    from clover.engine import NonFiniteLogitsError
+    from clover.requests import NonFiniteLogitsError
 
     try:
         return commands[args.command](args)

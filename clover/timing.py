@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from clover.cache import buffered_cache, crop_cache
-from clover.engine import verify_inputs
+from clover.requests import verify_inputs
 from clover.tree import Tree
 
 

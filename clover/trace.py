@@ -311,7 +311,7 @@ def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace],
     tokens per second. The bench averages this per prompt (or batch) over prompts.
 
     With ``lockstep`` the two runs stepped in lockstep, step k of each in round k, side
-    by side in time (:func:`clover.engine.lockstep`, as the app runs its methods): they
+    by side in time (:func:`clover.methods.lockstep`, as the app runs its methods): they
     are compared over the rounds both took, their tokens per second over their first
     k = min(len(steps), len(baseline)) steps. Each stretch of the machine's load then
     falls on both runs' compared steps alike; at the same token count instead, the
@@ -341,3 +341,35 @@ def speedup(steps: Sequence[StepTrace], baseline: Sequence[StepTrace],
     if n_all == 0 or t_all <= 0:
         return None
     return (n / t) / (n_all / t_all)
+
+
+def tree_nodes(tree, probs, tokenizer) -> list[TreeNode]:
+    """Trace records of the tree: each node's target probability (at its parent) and
+    the target's own :data:`~clover.trace.TARGET_TOP` most likely next tokens after it.
+
+    Args:
+        tree: the step's :class:`clover.tree.Tree` of N nodes.
+        probs: (N, V) torch tensor, the target's distribution after each node
+            (``clover.acceptance.logits_to_probs``).
+        tokenizer: the target's, for the tokens' texts.
+    """
+    import torch
+
+    from clover.models import token_texts
+
+    tok = tokenizer
+    ids = tree.tokens.tolist()
+    parents = torch.tensor([max(p, 0) for p in tree.parents], device=probs.device)
+    target_p = probs[parents].gather(-1, tree.tokens[:, None].to(probs.device))[:, 0].tolist()
+    target_p[0] = 1.0  # the root: committed already
+    top = probs.topk(min(TARGET_TOP, probs.shape[-1]), dim=-1)  # (N, k)
+    top_ids, top_p = top.indices.tolist(), top.values.tolist()
+    texts = token_texts(tok, ids)
+    top_texts = token_texts(tok, [t for row in top_ids for t in row])
+    k = len(top_ids[0])
+    sources = tree.sources or ["root"] + ["head"] * (len(tree) - 1)
+    return [TreeNode(i, ids[i], texts[i], tree.parents[i], tree.depths[i],
+                     float(tree.draft_probs[i]), float(target_p[i]), sources[i],
+                     target_top=[(top_ids[i][j], top_texts[i * k + j], float(top_p[i][j]))
+                                 for j in range(k)])
+            for i in range(len(tree))]

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from clover.cache import crop_cache, new_cache
-from clover.engine import prefill_inputs, verify_inputs
+from clover.requests import prefill_inputs, verify_inputs
 from clover.models import load_target
 from clover.tree import root_only
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from clover import Engine, SamplingConfig, TreeConfig, encode_prompt, load_heads, new_heads
-from clover.engine import NonFiniteLogitsError, check_finite
+from clover.requests import NonFiniteLogitsError, check_finite
 from clover.lookup import LookupConfig
 from conftest import tiny_target
 
@@ -259,7 +259,7 @@ def test_a_stop_text_with_a_byte_that_was_not_utf8_is_refused(tiny_dir, capsys):
     never match: it is refused like such a prompt, naming which stop string, in the
     library (every caller's check) and the CLI (exit 2, before the model loads)."""
     from clover.cli import main
-    from clover.engine import validate_request
+    from clover.requests import validate_request
 
     target = tiny_target("llama", vocab_size=64)
     latin1 = b"fin\xe9".decode("utf-8", "surrogateescape")

@@ -18,7 +18,7 @@ from collections import deque
 
 from clover.cache import (append_rows, buffered_cache, cache_length, compact_rows, crop_cache, new_cache,
                           select_rows)
-from clover.engine import Request, prefill_inputs, verify_inputs
+from clover.requests import Request, prefill_inputs, verify_inputs
 from clover.heads import DraftHeads, HeadConfig, PlainDrafter, draft_rows
 from clover.lookup import LookupConfig
 from clover.tree import Tree

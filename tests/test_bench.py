@@ -338,7 +338,7 @@ def test_hf_generate_rows_end_at_their_eos():
 def test_bench_sweep_sizes_the_auto_tree_per_batch_size(tiny_dir, prompts, tmp_path, monkeypatch):
     """--tree auto in a sweep: each head method's tree is resolved for every batch size
     (the verify cost grows with rows x nodes) and recorded in the results."""
-    import clover.autotree as at
+    import clover.calibration as at
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path / "cache"))
     sized = []
@@ -434,8 +434,8 @@ def test_one_disturbed_prompt_cannot_make_the_headline(tmp_path):
 
 def test_bench_methods_advance_in_lockstep():
     """The bench runs a prompt's methods one step each in turn, as the app does
-    (clover.engine.lockstep); closing the loop closes every run."""
-    from clover.engine import lockstep
+    (clover.methods.lockstep); closing the loop closes every run."""
+    from clover.methods import lockstep
 
     order, closed = [], []
 
@@ -461,7 +461,7 @@ def test_lockstep_rotates_and_marks_rounds():
     """With ``rotate`` each round starts one run later; with ``rounds`` a (None, None)
     marks the end of every round after which a run may go on: the app draws its page only
     there."""
-    from clover.engine import lockstep
+    from clover.methods import lockstep
 
     def run(name, steps):
         yield from ((name, i) for i in range(steps))

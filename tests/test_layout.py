@@ -171,7 +171,8 @@ def test_the_import_graph_of_clover_has_no_cycle():
 def test_the_decoding_core_imports_neither_the_outer_layers_nor_the_kernels_directly():
     """Data flows one way, prompt -> engine -> trace -> app / bench / notebook: training,
     the benchmark and the command line read the core, never the other way round; the CPU
-    kernels are installed in one place (``clover.models.target``, behind its load-time switch)."""
+    kernels are installed in one place (``clover.models.target``, behind its load-time
+    switch, with ``clover.models.kernel_store`` remembering the layout it times)."""
     graph = _clover_imports()
     outer = ("training", "cli", "bench")
     core = [m for m in graph if (m.split(".") + [""])[1] not in outer]
@@ -180,7 +181,7 @@ def test_the_decoding_core_imports_neither_the_outer_layers_nor_the_kernels_dire
     assert not {m: i for m, i in back.items() if i}
     users = sorted(m for m, imps in graph.items() if (m.split(".") + [""])[1] != "kernels"
                    and any(i.startswith("clover.kernels") for i in imps))
-    assert users == ["clover.models.target"]
+    assert users == ["clover.models.kernel_store", "clover.models.target"]
 
 
 def test_importing_the_app_and_library_reads_no_assets(tmp_path):

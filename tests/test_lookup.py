@@ -233,7 +233,7 @@ def test_lookup_accepts_copied_text():
 def test_lookup_cost_curve_is_measured_per_batch_size(monkeypatch):
     """A batched step verifies B rows' chains in one forward: the lookup's cost curve is
     that step's, measured (and cached) per batch size, and a real timing runs B rows."""
-    import clover.autotree as at
+    import clover.calibration as at
 
     target = tiny_target("llama")
     real = at.time_forward
@@ -254,7 +254,7 @@ def test_lookup_cost_curve_is_measured_per_batch_size(monkeypatch):
 
 
 def test_auto_tree_sizes_lookup_with_the_cost_curve(monkeypatch):
-    import clover.autotree as at
+    import clover.calibration as at
 
     target = tiny_target("llama")
     monkeypatch.setattr(at, "time_forward", lambda t, sizes, **kw: [10.0 + 50.0 * (n - 1) for n in sizes])

@@ -9,7 +9,7 @@ import pytest
 
 from clover import Engine, SamplingConfig, encode_prompt, parse_tree_spec
 from clover.cli import main
-from clover.engine import validate_request
+from clover.requests import validate_request
 from clover.models import chat_ids, merge_same_role
 from clover.tree import MAX_TREE_NODES, TreeConfig
 from conftest import tiny_target, tiny_tokenizer

@@ -1,7 +1,7 @@
 """Benchmark: plain, Medusa and Clover decoding side by side, in one process.
 
 Every method runs on the same prompts, after a warm-up, at batch size 1, through the same
-engine, and the methods run in lockstep on each prompt (:func:`clover.engine.lockstep`: one decode step
+engine, and the methods run in lockstep on each prompt (:func:`clover.methods.lockstep`: one decode step
 of each in turn, as the app races them), so a slow spell of the machine lands on every
 method alike. Each prompt's speedup is :func:`clover.trace.speedup` (the definition the
 app shows live: for the same text, the method's tokens/s over plain's on that prompt in

@@ -11,7 +11,8 @@ from pathlib import Path
 from clover.acceptance import SamplingConfig
 from clover.bench.records import BenchConfig, RunRecord, lookup_share, machine_info, time_split
 from clover.bench.report import load_report, markdown_tables, summarize, write_charts
-from clover.engine import Engine, lockstep
+from clover.engine import Engine
+from clover.methods import lockstep
 from clover.trace import GenerationResult, acceptance_rates, engine_ms, speedup
 from clover.training.prompts import interleave_categories, read_prompts
 
@@ -19,7 +20,7 @@ from clover.training.prompts import interleave_categories, read_prompts
 def _conversation(engine: Engine, target, turns: list[str], cfg: BenchConfig, seed: int, encode):
     """One method's conversation over ``turns``, as a generator that yields None after
     every decode step (after every turn for a reference without ``stream``), so that
-    several methods can advance in lockstep (:func:`clover.engine.lockstep`), and the
+    several methods can advance in lockstep (:func:`clover.methods.lockstep`), and the
     per-turn results last."""
     messages, results = [], []
     for turn in turns:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Callable, Hashable, Iterable, Iterator
 
 from clover.acceptance import SamplingConfig
-from clover.engine import Engine, Request, validate_request
+from clover.engine import Engine
+from clover.requests import Request, validate_request
 
 __all__ = ["Request", "generate_batch", "generate_many"]
 
@@ -32,7 +33,7 @@ def generate_many(target, requests: Iterable[Request], max_new_tokens: int, temp
 
     Args:
         target: a :class:`clover.models.TargetModel`.
-        requests: :class:`~clover.engine.Request` s, taken in order. Pass a
+        requests: :class:`~clover.requests.Request` s, taken in order. Pass a
             ``collections.deque`` to add requests while iterating (e.g. a conversation's
             next turn once its answer is yielded); they join the batch at the next
             admission.
