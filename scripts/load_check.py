@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                     help="torch threads while the hogs run (0: unchanged)")
     args = ap.parse_args(argv)
 
-    from app.decode_tab import Visitor
+    from app.run_handler import Visitor
     from app.ui import build_demo
 
     demo = build_demo(warm_up=True)

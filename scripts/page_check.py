@@ -38,7 +38,7 @@ ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--no-first-run"]
 PROMPT = "Why do we see lightning before we hear thunder?"
 METHODS = ("medusa", "clover")
 STATUS = "document.querySelector('#status').innerText"
-# the page's table: one row per method, its cells in the order of app.figures.metrics_html
+# the page's table: one row per method, its cells in the order of app.page_html.metrics_html
 TABLE = """() => Array.from(document.querySelectorAll('#metrics table tr')).slice(1)
   .map(r => Array.from(r.cells).map(c => c.innerText))"""
 

@@ -598,14 +598,14 @@ CONTRAST_JS = """([sel, html]) => {
 def test_text_and_warnings_are_readable_in_both_themes(app_url, browser, scheme):
     """WCAG AA contrast (4.5:1) for the status line, a speed card's state line and the
     busy warning (drawn into the metrics panel as the app draws it) in light and dark mode."""
-    from app import figures
+    from app import page_html
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000},
                                   color_scheme=scheme)
     page = context.new_page()
     page.goto(app_url + ("?__theme=dark" if scheme == "dark" else ""))
     page.wait_for_selector("#metrics .speed-card")
-    warning = figures.warning_html("The machine was busy during this run.")
+    warning = page_html.warning_html("The machine was busy during this run.")
     for sel, html in (("#status", None), ("#metrics .speed-card div:last-child", None),
                       ("#metrics .run-warning", warning)):
         assert page.evaluate(CONTRAST_JS, [sel, html]) >= 4.5, (scheme, sel)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app import figures, metrics
+from app import figures, metrics, page_html
 from app.metrics import ACCEPTED, BONUS, CUT, REJECTED, ROOT
 from clover import Engine
 from clover.methods import ALL_METHODS, METHOD_LABELS
@@ -159,7 +159,7 @@ def test_token_origins_use_completed_characters():
     step = hand_step()
     step.new_text = ["", "\U0001f999", "!"]  # a character completed by the second token
     assert [o.text for o in metrics.token_origins([step])] == ["", "\U0001f999", "!"]
-    html = figures.tokens_html([step])
+    html = page_html.tokens_html([step])
     assert "\U0001f999" in html and "\ufffd" not in html
 
 
@@ -291,38 +291,38 @@ def test_every_method_has_a_style_and_a_name_and_races():
 
 
 def test_tokens_html_marks_origins():
-    out = figures.tokens_html([hand_step(), plain_step(1, 4, text="<|im_end|>")])
+    out = page_html.tokens_html([hand_step(), plain_step(1, 4, text="<|im_end|>")])
     assert out.count(" data-step=") == 4
     assert f"background:{figures.DEPTH_BG[1]}" in out and f"background:{figures.DEPTH_BG[2]}" in out
     assert 'title="step 1: accepted draft, depth 2"' in out
     assert 'title="step 1: produced by the target"' in out
     assert "&lt;|im_end|&gt;" in out and "<|im_end|>" not in out
     assert "↵" in out  # a newline token stays visible
-    assert "produced by the target" in figures.tokens_legend()
+    assert "produced by the target" in page_html.tokens_legend()
 
 
 def test_tokens_html_outlines_the_step_on_display_and_names_each_tokens_step():
     steps = [hand_step(), plain_step(1, 4, text=" end")]
-    last = figures.tokens_html(steps)  # by default the latest step is outlined
+    last = page_html.tokens_html(steps)  # by default the latest step is outlined
     assert last.count('class="current-step"') == 1 and 'data-step="2"' in last
-    first = figures.tokens_html(steps, current=0)
+    first = page_html.tokens_html(steps, current=0)
     assert first.count('class="current-step"') == steps[0].accepted_length
     assert first.count('data-step="1"') == steps[0].accepted_length
-    assert figures.CURRENT_OUTLINE in first
-    assert "current-step" not in figures.tokens_html(steps, current=None)
+    assert page_html.CURRENT_OUTLINE in first
+    assert "current-step" not in page_html.tokens_html(steps, current=None)
 
 
 def test_metrics_html_shows_cards_and_table():
     stats = metrics.run_stats([chain_step(0, 3, 2)])
-    out = figures.metrics_html("clover", stats, figures.SpeedCard(1.5, "quiet"),
-                               figures.SpeedCard(0.8, "busy"), [("ar", stats, "done", None), ("clover", stats, "done", 1.25)], "note")
+    out = page_html.metrics_html("clover", stats, page_html.SpeedCard(1.5, "quiet"),
+                               page_html.SpeedCard(0.8, "busy"), [("ar", stats, "done", None), ("clover", stats, "done", 1.25)], "note")
     for label in ("tokens / step", "tokens / s", "draft ms / step", "verify ms / step",
                   "speedup vs plain", "speedup vs Medusa"):
         assert label in out
     assert "1.50× ▲" in out and "0.80× ▼" in out and "3.00" in out and "1.25×</td>" in out
     assert 'data-state="quiet"' in out and 'data-state="busy"' in out
-    before = figures.metrics_html("clover", stats, figures.SpeedCard(None, "before"),
-                                  figures.SpeedCard(None, "before"))
+    before = page_html.metrics_html("clover", stats, page_html.SpeedCard(None, "before"),
+                                  page_html.SpeedCard(None, "before"))
     # before any run a card asks for a run, never for Compare (which is on by default)
     assert "—" in before and "press Run to measure" in before and "Compare" not in before
 
@@ -574,7 +574,7 @@ def test_the_text_race_marks_each_token_with_the_engine_time_of_its_step():
 
     clover = [chain_step(0, 3, 2, ms=10.0), chain_step(1, 5, 1, ms=12.0)]
     plain = [chain_step(i, i + 1, 0, drafted_depth=0, ms=8.0) for i in range(5)]
-    out = figures.text_race_html({"clover": clover, "ar": plain})
+    out = page_html.text_race_html({"clover": clover, "ar": plain})
     rows = re.findall(r"data-method='([^']+)'", out)
     assert rows == ["ar", "clover"]  # in the methods' own order
     clover_row = out.split("data-method='clover'")[1]
@@ -582,7 +582,7 @@ def test_the_text_race_marks_each_token_with_the_engine_time_of_its_step():
     plain_row = out.split("data-method='ar'")[1].split("data-method=")[0]
     assert re.findall(r'data-ms="([\d.]+)"', plain_row) == ["8.0", "16.0", "24.0", "32.0", "40.0"]
     assert figures.DEPTH_BG[2] in clover_row and figures.TARGET_BG in plain_row
-    assert "race-row" not in figures.text_race_html({})
+    assert "race-row" not in page_html.text_race_html({})
 
 
 def test_time_panel_splits_each_methods_step_and_gives_its_break_even():

@@ -2,7 +2,7 @@
 traces of one greedy text, and the sentence on what differs."""
 from __future__ import annotations
 
-from app import decode_tab, same_point
+from app import run_handler, same_point, step_view
 from clover.trace import StepTrace, TreeNode
 
 TEXT = [" the", " cat", " sat", " on", " the", " mat", "."]  # the one greedy text
@@ -77,11 +77,11 @@ def test_the_sentence_names_what_the_regressive_input_changed():
 
 
 def test_the_page_shows_both_trees_titled_by_method():
-    st = decode_tab.RunState("clover", runs=RUNS, done=True)
-    clover_fig, medusa_fig, sentence = decode_tab.same_point_view(st, "clover", 0)
+    st = run_handler.RunState("clover", runs=RUNS, done=True)
+    clover_fig, medusa_fig, sentence = step_view.same_point_view(st, "clover", 0)
     assert clover_fig.layout.title.text.startswith("<b>Clover</b>")
     assert medusa_fig.layout.title.text.startswith("<b>Medusa</b>")
     assert "At depth 2" in sentence
-    note, _, empty = decode_tab.same_point_view(
-        decode_tab.RunState("clover", runs={"clover": CLOVER}, done=True), "clover", 0)
+    note, _, empty = step_view.same_point_view(
+        run_handler.RunState("clover", runs={"clover": CLOVER}, done=True), "clover", 0)
     assert empty == "" and "Compare" in note.layout.annotations[0].text

@@ -8,8 +8,8 @@ import json
 import gradio as gr
 import pytest
 
-from app import decode_tab, registry, sample_run
-from app.decode_tab import RUN_OUTPUTS
+from app import decode_tab, registry, run_handler, sample_run, step_view
+from app.run_handler import RUN_OUTPUTS
 from clover import Engine, encode_prompt
 from clover.trace import result_from_dict, result_to_dict, step_from_dict, step_to_dict
 from conftest import ScriptedHeads, oracle_tree_fn, tiny_target
@@ -84,7 +84,7 @@ def test_other_heads_do_not_show_the_recording(embedded):
 
 def test_a_fresh_page_opens_on_the_recording_ready_to_play():
     sample = sample_run.load()
-    out = dict(zip(RUN_OUTPUTS, decode_tab.on_open(sample, "no-such-model")))
+    out = dict(zip(RUN_OUTPUTS, step_view.on_open(sample, "no-such-model")))
     st = out["state"]
     assert st.done and st.recorded and st.method == "clover"
     assert "A recorded run" in out["status"] and "press **Run**" in out["status"]
@@ -96,17 +96,17 @@ def test_a_fresh_page_opens_on_the_recording_ready_to_play():
     # at the last step the cards show the recorded ratios, marked as recorded, and no
     # busy warning from this machine's load
     last = len(st.runs["clover"]) - 1
-    metrics = decode_tab.step_view(st, "clover", last)[2]
+    metrics = step_view.step_view(st, "clover", last)[2]
     assert metrics.count('data-state="recorded"') == 2 and "×" in metrics
-    assert decode_tab.busy_note(st) == ""
+    assert run_handler.busy_note(st) == ""
     # Next and a click on a token move through it like a live run's trace
-    nxt = decode_tab.on_next(1, "clover", st)
+    nxt = step_view.on_next(1, "clover", st)
     assert nxt[0]["value"] == 2 and "step 2 of" in nxt[4]
     token = gr.SelectData(None, {"index": 5, "value": "5"})
-    jump = decode_tab.on_token("clover", st, token)
+    jump = step_view.on_token("clover", st, token)
     assert jump[0]["value"] == 5 and "step 5 of" in jump[4]
     assert jump[2].count('class="current-step"') == st.runs["clover"][4].accepted_length
 
 
 def test_without_a_recording_the_page_opens_empty():
-    assert decode_tab.on_open(None, "any") == decode_tab._out()
+    assert step_view.on_open(None, "any") == run_handler.outputs()

@@ -10,7 +10,7 @@ import pytest
 
 from app import registry, same_point
 from app import settings as app_settings
-from app.decode_tab import Visitor
+from app.run_handler import Visitor
 from app.ui import build_demo
 from conftest import tiny_target
 
@@ -91,7 +91,7 @@ def test_the_step_view_shows_text_and_metrics_up_to_that_step(handlers):
     assert f"step 2 · {steps[1].total_tokens} tokens" in metrics
     assert text.count(" data-step=") == len([t for s in steps[:2] for t in s.new_text if t])
     # Previous and Next move one step within the trace, and say which step is shown
-    from app.decode_tab import on_next, on_previous
+    from app.step_view import on_next, on_previous
 
     slider, tree, text, metrics, status = on_next(2, "clover", st)
     assert slider["value"] == 3 and f"step 3 of {len(steps)}" in status
@@ -177,7 +177,7 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
     from dataclasses import replace
 
     import clover.autotree
-    from app import decode_tab
+    from app import run_handler
     from clover import Engine
 
     monkeypatch.setenv("CLOVER_CACHE_DIR", str(tmp_path))
@@ -188,28 +188,28 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
     try:
         assert loaded.sizing.plain_step_ms() == 10.0
         steps = Engine(target).generate([5, 6, 7], 6).steps
-        st = decode_tab.RunState("clover", model_key="test-busy")
+        st = run_handler.RunState("clover", model_key="test-busy")
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=40.0) for s in steps]
-        assert "machine was busy" in decode_tab.busy_note(st) and "40 ms here, 10 ms" in decode_tab.busy_note(st)
-        assert "machine was busy" in decode_tab._metrics(st)
+        assert "machine was busy" in run_handler.busy_note(st) and "40 ms here, 10 ms" in run_handler.busy_note(st)
+        assert "machine was busy" in run_handler.metrics_panel(st)
         # a busy machine's page is drawn once more, to say so, then not until the race ends
-        assert decode_tab.draw_due(st, shown=None) and st.busy_told
-        assert "drawn again when the race ends" in decode_tab._live_outputs(st, ["clover", "ar"], 6)[
-            decode_tab.RUN_OUTPUTS.index("status")]
-        assert not decode_tab.draw_due(st, shown=None)
-        assert not decode_tab.draw_due(st, shown=time.monotonic() - 60)
+        assert run_handler.draw_due(st, shown=None) and st.busy_told
+        assert "drawn again when the race ends" in run_handler._live_outputs(st, ["clover", "ar"], 6)[
+            run_handler.RUN_OUTPUTS.index("status")]
+        assert not run_handler.draw_due(st, shown=None)
+        assert not run_handler.draw_due(st, shown=time.monotonic() - 60)
         st.stop = True  # ... but at once after Stop
-        assert decode_tab.draw_due(st, shown=time.monotonic())
+        assert run_handler.draw_due(st, shown=time.monotonic())
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=12.0) for s in steps]
-        assert decode_tab.busy_note(st) == "" and "machine was busy" not in decode_tab._metrics(st)
-        quiet = decode_tab.RunState("clover", model_key="test-busy", runs=st.runs)
+        assert run_handler.busy_note(st) == "" and "machine was busy" not in run_handler.metrics_panel(st)
+        quiet = run_handler.RunState("clover", model_key="test-busy", runs=st.runs)
         # a quiet machine's page is drawn at most every LIVE_SECONDS
-        assert decode_tab.draw_due(quiet, shown=None)
-        assert not decode_tab.draw_due(quiet, shown=time.monotonic())
-        assert decode_tab.draw_due(quiet, shown=time.monotonic() - decode_tab.LIVE_SECONDS)
+        assert run_handler.draw_due(quiet, shown=None)
+        assert not run_handler.draw_due(quiet, shown=time.monotonic())
+        assert run_handler.draw_due(quiet, shown=time.monotonic() - run_handler.LIVE_SECONDS)
         assert not quiet.busy_told
         quiet.threads = (1, 2)  # fewer threads at the start: busy from the first round
-        assert decode_tab.draw_due(quiet, shown=None) and not decode_tab.draw_due(quiet, shown=None)
+        assert run_handler.draw_due(quiet, shown=None) and not run_handler.draw_due(quiet, shown=None)
     finally:
         registry.forget_model("test-busy")
 

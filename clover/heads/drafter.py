@@ -22,14 +22,11 @@ of one row: one batching path, each class supplying only how its ready rows grow
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from clover.tree import Tree, TreeConfig, grow_trees, root_only
-
-if TYPE_CHECKING:
-    from clover.heads.base import DraftHeads
 
 
 class Drafter(Protocol):
@@ -111,7 +108,9 @@ class PlainDrafter:
 class HeadsDrafter:
     """Base of the head methods' per-run drafters (Medusa, Clover, Clover-2).
 
-    Holds the heads, the target and the tree settings. Rows of a batch whose drafters are
+    Holds the heads (a :class:`clover.heads.base.DraftHeads`; typed as a module here, so
+    that this module does not import the one that imports it), the target and the tree
+    settings. Rows of a batch whose drafters are
     of one class with the same heads share a ``batch_key`` and draft together: a
     subclass says which rows have a state to draft from (:meth:`prepare`) and how those
     rows' trees grow together (:meth:`grow`); the others draft their root alone. A single
@@ -119,7 +118,7 @@ class HeadsDrafter:
     each row's own :meth:`observe`; a subclass may run its rows together.
     """
 
-    def __init__(self, heads: "DraftHeads", target, tree: TreeConfig):
+    def __init__(self, heads: "torch.nn.Module", target, tree: TreeConfig):
         self.heads, self.target, self.tree = heads, target, tree
 
     @property
@@ -182,7 +181,7 @@ class RecurrentDrafter(HeadsDrafter):
                                     [d.state for d in drafters], list(max_depths))
 
 
-def grow_recurrent_trees(heads: "DraftHeads", target, tree: TreeConfig, roots: Sequence[int],
+def grow_recurrent_trees(heads: "torch.nn.Module", target, tree: TreeConfig, roots: Sequence[int],
                          root_states: Sequence[torch.Tensor], max_depths: Sequence[int]) -> list[Tree]:
     """The candidate trees of heads that carry a state down each branch (Clover, Clover-2),
     for the rows of a batch at once.
