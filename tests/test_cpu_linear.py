@@ -222,6 +222,9 @@ def test_half_kernel_is_the_product_to_fp16_precision_and_falls_back_where_fp16_
     assert not torch.equal(out, nn.functional.linear(x, w, b))  # really the fp16 product
     huge = x * 1e5  # rounds to inf in fp16
     assert torch.equal(half_linear(huge, w, b), nn.functional.linear(huge, w, b))
+    big, wide = torch.full((rows, 64), 200.0), torch.full((300, 64), 200.0)  # fp16 inputs, an inf product
+    assert torch.equal(half_linear(big, wide, b), nn.functional.linear(big, wide, b))
+    assert torch.isfinite(half_linear(big, wide, b)).all()
     with torch.no_grad():
         w.mul_(2)
     torch.testing.assert_close(half_linear(x, w, b), nn.functional.linear(x, w, b), rtol=2e-2, atol=4e-2)

@@ -61,6 +61,7 @@ heads' own weights (``kernels=DRAFT_KERNELS``), so a host where it is slower kee
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -207,7 +208,11 @@ def half_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                                     or (bias is not None and bias.requires_grad)):
         return nn.functional.linear(x, weight, bias)
     out = nn.functional.linear(x.to(torch.float16), half_weight(weight)).float()
-    if not bool(torch.isfinite(out).all()):  # fp16 overflowed: this product in fp32
+    # fp16 overflowed (or x held inf / NaN): this product in fp32. One sum finds any
+    # non-finite entry (it propagates; finite entries, at most 65,504 each, cannot
+    # overflow an fp32 sum) at one reduction and one read, where isfinite().all() took
+    # three kernels: Clover's drafting 3.83 -> 3.41 ms a step, the same drafts
+    if not math.isfinite(out.sum().item()):
         return nn.functional.linear(x, weight, bias)
     return out if bias is None else out + bias
 
