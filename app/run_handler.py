@@ -187,9 +187,9 @@ def draw_due(st: RunState, shown: float | None) -> bool:
     next (``scripts/page_check.py``, docs/benchmarks.md)."""
     if st.stop:
         return True
+    if st.busy_told:  # said so already: no more drawing until the race ends
+        return False
     if st.threads is not None or busy_note(st):
-        if st.busy_told:
-            return False
         st.busy_told = True
         return True
     return shown is None or time.monotonic() - shown >= LIVE_SECONDS

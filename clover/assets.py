@@ -1,6 +1,7 @@
 """Where things are: the shipped assets (trained heads, prompt sets, examples and
 figures), the repository's training data and the project's cache folder, with the
-JSON stores kept there (:func:`read_store`, :func:`write_record`).
+JSON stores kept there (:func:`read_store`, :func:`write_record`,
+:func:`newest_record`).
 
 The one place that knows, and the one place that reads the environment variables that
 move them: every caller (CLI, heads, app, notebooks, training) asks :func:`assets_dir`,
@@ -104,6 +105,14 @@ def read_store(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
+
+
+def newest_record(stored: dict, family: str) -> dict | None:
+    """The newest record of a JSON store (:func:`read_store`) whose "family" is
+    ``family``, by its "date" (the last stored among equal dates); None where there is
+    none: what a stored choice measured under other settings stands in with."""
+    kin = [r for r in stored.values() if isinstance(r, dict) and r.get("family") == family]
+    return max(reversed(kin), key=lambda r: str(r.get("date", "")), default=None)
 
 
 def write_record(path: Path, key: str, record: dict) -> None:

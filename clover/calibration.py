@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from clover.assets import read_store, write_record
+from clover.assets import newest_record, read_store, write_record
 from clover.autotree import TIMING, auto_tree
 from clover.machine import cpu_name, machine_busy
 from clover.timing import padded_widths, time_forward
@@ -194,9 +194,7 @@ def calibrate(target, heads, base: TreeConfig | None = None, path=None, measure:
         stand_in = replace(stand_in, note="measured while the machine was busy; measured again when it is quiet "
                                           "(or with --recalibrate)")
     else:  # the newest choice of the same family, measured under other conditions
-        kin = sorted((r for k, r in stored.items() if isinstance(r, dict) and r.get("family") == family),
-                     key=lambda r: str(r.get("date", "")))
-        newest = Calibration.from_record(base, kin[-1]) if kin else None
+        newest = Calibration.from_record(base, newest_record(stored, family))
         if newest is not None:
             stand_in = replace(newest,
                                note="stored for these heads under other settings (thread count, versions or "

@@ -202,6 +202,8 @@ def test_the_cards_say_when_the_machine_was_busy(monkeypatch, tmp_path):
         assert run_handler.draw_due(st, shown=time.monotonic())
         st.runs["ar"] = [replace(s, draft_ms=0.0, verify_ms=12.0) for s in steps]
         assert run_handler.busy_note(st) == "" and "machine was busy" not in run_handler.metrics_panel(st)
+        st.stop = False  # quiet again, but the page said it is drawn after the race: not before
+        assert not run_handler.draw_due(st, shown=time.monotonic() - 60)
         quiet = run_handler.RunState("clover", model_key="test-busy", runs=st.runs)
         # a quiet machine's page is drawn at most every LIVE_SECONDS
         assert run_handler.draw_due(quiet, shown=None)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from clover.assets import cache_root, read_store, write_record
+from clover.assets import cache_root, newest_record, read_store, write_record
 from clover.machine import cpu_name, machine_busy
 from clover.kernels.linear import (KERNELS, MAX_ROWS, FewRowLinear, choose_layout, describe_layout,
                                    packed_available)
@@ -97,11 +97,10 @@ def stored_layout(module: nn.Module, kernels: tuple[str, ...] = KERNELS, extra: 
         return apply_layout(module, found)
     busy = machine_busy()
     if busy and not retime:
-        kin = [r for r in stored.values() if isinstance(r, dict) and r.get("family") == family]
-        kin.sort(key=lambda r: str(r.get("date", "")))
-        if kin and (found := _layout(kin[-1], kernels)) is not None:
+        kin = newest_record(stored, family)
+        if (found := _layout(kin, kernels)) is not None:
             log.info("the machine is busy: the CPU linear layout stored at %s threads (%s)",
-                     kin[-1].get("threads"), describe_layout(found))
+                     kin.get("threads"), describe_layout(found))
             return apply_layout(module, found)
     chosen = choose_layout(module, repeats=1 if busy else 3, kernels=kernels, extra=extra)
     if chosen is None or busy:
